@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# install-deps.sh -- installs the Debian packages pilotlight needs to build
+# (and, with --test, to run its test suites). Installs only what is missing;
+# runs `apt-get update` once, the first time something is missing.
+set -eu
+
+build_pkgs="build-essential meson ninja-build pkg-config libuv1-dev libcjson-dev uthash-dev node-llhttp libssl-dev"
+test_pkgs="python3 python3-pytest clang libclang-rt-dev"
+[ "${1:-}" = "--test" ] && pkgs="$build_pkgs $test_pkgs" || pkgs="$build_pkgs"
+
+missing=""
+for p in $pkgs; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+if [ "${1:-}" = "--test" ] && ! command -v npm >/dev/null 2>&1; then
+    missing="$missing nodejs npm"
+fi
+if [ -n "$missing" ]; then
+    sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    echo "installing:$missing" >&2
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends $missing >/dev/null
+fi

@@ -1,0 +1,58 @@
+/* config.h -- settings: built-in defaults < config file < PILOTLIGHT_* env <
+ * command-line flags. One table describes every setting, so the file, env,
+ * flags, --help and --check-config can never disagree. */
+#ifndef PILOTLIGHT_CONFIG_H
+#define PILOTLIGHT_CONFIG_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "pilotlight/engine.h"
+#include "pilotlight/log.h"
+
+#define PL_CONFIG_HOST_MAX 64
+
+typedef struct {
+    char listen_host[PL_CONFIG_HOST_MAX]; /* numeric IPv4 or IPv6 */
+    uint16_t listen_port;
+    uint64_t connection_timeout_ms; /* served by /connect */
+    uint64_t keepalive_ms;          /* served by /connect */
+    uint64_t park_timeout_ms;       /* 0 in input: connection_timeout + 5 s */
+    pl_order match_order;
+    uint64_t max_waiters;
+    uint64_t max_waiters_per_key;
+    uint64_t max_connections;
+    uint64_t max_header_bytes;
+    uint64_t max_url_bytes;
+    uint64_t max_body_bytes;
+    uint64_t header_timeout_ms;
+    uint64_t idle_timeout_ms;
+    uint64_t shutdown_timeout_ms;
+    uint64_t drain_delay_ms;
+    pl_log_level log_level;
+} pl_config;
+
+typedef enum {
+    PL_CONFIG_RUN = 0,
+    PL_CONFIG_HELP,
+    PL_CONFIG_VERSION,
+    PL_CONFIG_CHECK,
+} pl_config_action;
+
+/* Fills <cfg> from defaults, the file named by --config or PILOTLIGHT_CONFIG,
+ * <envp> (NULL-terminated "NAME=value" strings) and <argv>. Returns 0 and
+ * sets *action; -1 with a message naming the setting in <err>. */
+int pl_config_load(pl_config *cfg, int argc, char **argv, char **envp,
+                   pl_config_action *action, char *err, size_t errlen);
+
+/* Sets one setting by its file name (e.g. "max_waiters"). Returns 0, or -1
+ * with a message in <err>. */
+int pl_config_set(pl_config *cfg, const char *name, const char *value,
+                  char *err, size_t errlen);
+
+/* Prints the effective configuration as config-file lines. */
+void pl_config_print(const pl_config *cfg, FILE *out);
+
+void pl_config_usage(FILE *out);
+
+#endif

@@ -1,0 +1,111 @@
+/* engine.h -- the matching engine: parked waiters by key, matched in O(1).
+ *
+ * Plain data structures and a state machine: no sockets, no event loop, no
+ * clock of its own (callers pass `now` in milliseconds). Every waiter leaves
+ * through one settle path, which calls the owner's settle callback exactly
+ * once and then frees the waiter. */
+#ifndef PILOTLIGHT_ENGINE_H
+#define PILOTLIGHT_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pilotlight/key.h"
+
+typedef struct pl_engine pl_engine;
+typedef struct pl_waiter pl_waiter;
+
+/* How a waiter ended. Order is the order of the metrics labels. */
+typedef enum {
+    PL_OUTCOME_MATCHED = 0, /* got a dispatched payload */
+    PL_OUTCOME_TIMEOUT,     /* reached the park timeout (answered 204) */
+    PL_OUTCOME_DISCONNECT,  /* its client went away (recorded as 499) */
+    PL_OUTCOME_REPLACED,    /* same controller id parked again (409) */
+    PL_OUTCOME_SHUTDOWN,    /* server draining: closed without a response */
+    PL_OUTCOME_REJECTED,    /* refused at park: over a cap (503) */
+    PL_OUTCOME__COUNT
+} pl_outcome;
+
+typedef enum { PL_ORDER_FIFO = 0, PL_ORDER_LIFO } pl_order;
+
+/* Called exactly once per waiter, from inside the engine, just before the
+ * waiter is freed. <owner> is what was given to pl_engine_park(). <arg> is
+ * the payload for PL_OUTCOME_MATCHED and a reason string for
+ * PL_OUTCOME_REJECTED, NULL otherwise. For MATCHED the callback returns 0 if
+ * the payload was handed to a live client, non-zero if the client is already
+ * gone (the engine then records a disconnect and tries the next waiter).
+ * The return value is ignored for other outcomes. The callback must not call
+ * back into the engine. */
+typedef int (*pl_settle_cb)(void *owner, pl_outcome outcome, const void *arg);
+
+typedef struct {
+    pl_order order;
+    uint32_t max_waiters;         /* global cap, 0 = unlimited */
+    uint32_t max_waiters_per_key; /* per-key cap, 0 = unlimited */
+    uint64_t park_timeout_ms;     /* 0 = never time out */
+    pl_settle_cb settle;
+} pl_engine_opts;
+
+/* Counters by outcome. At every moment:
+ * parked_now + sum(settled[]) == parked_total. */
+typedef struct {
+    uint64_t parked_total; /* every poll that reached pl_engine_park() */
+    uint64_t parked_now;
+    uint64_t settled[PL_OUTCOME__COUNT];
+} pl_ledger;
+
+/* Returns a new engine, or NULL when out of memory. */
+pl_engine *pl_engine_new(const pl_engine_opts *opts);
+
+/* Settles every remaining waiter as PL_OUTCOME_SHUTDOWN, then frees <e>. */
+void pl_engine_free(pl_engine *e);
+
+/* Parks a poll for <key> from controller <id> (<id_len> bytes, copied).
+ * An older waiter of the same controller id is settled REPLACED first.
+ * Over a cap, the new waiter is settled REJECTED at once (the callback runs
+ * before this returns). Returns 0 and sets *out when parked, PL_EREJECTED when
+ * rejected, PL_ENOMEM or PL_EINVAL (nothing settled, nothing changed) when
+ * out of memory or the key cannot be encoded. */
+int pl_engine_park(pl_engine *e, const pl_key *key, const char *id,
+                   size_t id_len, void *owner, uint64_t now, pl_waiter **out);
+
+#define PL_EREJECTED 1
+#define PL_ENOMEM (-12)
+#define PL_EINVAL (-22) /* a key field empty or over PL_KEY_FIELD_MAX */
+
+/* Settles one parked waiter with <outcome> (timeout, disconnect, shutdown). */
+void pl_engine_settle(pl_engine *e, pl_waiter *w, pl_outcome outcome);
+
+/* Offers <payload> to the waiters of <key> in match order until one accepts.
+ * Waiters whose callback refuses are settled DISCONNECT. Returns 1 when a
+ * waiter took it (and sets *waited_ms, if given, to how long it was parked),
+ * 0 when nobody did; nothing is queued either way. */
+int pl_engine_deliver(pl_engine *e, const pl_key *key, const void *payload,
+                      uint64_t now, uint64_t *waited_ms);
+
+/* Settles as TIMEOUT every waiter parked at or before now - park_timeout.
+ * Returns how many. */
+size_t pl_engine_expire(pl_engine *e, uint64_t now);
+
+/* Sets *deadline to the earliest park-timeout deadline. Returns 0, or -1
+ * when nothing can time out. */
+int pl_engine_next_deadline(const pl_engine *e, uint64_t *deadline);
+
+/* Settles every waiter with PL_OUTCOME_SHUTDOWN. */
+void pl_engine_drain(pl_engine *e);
+
+const pl_ledger *pl_engine_ledger(const pl_engine *e);
+
+/* Number of distinct keys with at least one waiter. */
+size_t pl_engine_key_count(const pl_engine *e);
+
+/* Number of waiters parked under <key>. */
+size_t pl_engine_waiting(const pl_engine *e, const pl_key *key);
+
+/* Bytes the engine allocates for one parked waiter whose controller id is
+ * <id_len> bytes long (not counting the key entry it may share). */
+size_t pl_engine_waiter_size(size_t id_len);
+
+const char *pl_outcome_name(pl_outcome o);
+
+#endif

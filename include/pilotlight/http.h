@@ -1,0 +1,107 @@
+/* http.h -- HTTP/1.1 server connections on libuv + llhttp.
+ *
+ * Parses requests (keep-alive, pipelining, chunked bodies, 100-continue),
+ * enforces the size and time limits, and hands each complete request to the
+ * application, one at a time per connection. The application answers with
+ * pl_conn_respond(), at once or later (a parked poll); while an answer is
+ * pending the connection keeps reading only to notice its client leaving. */
+#ifndef PILOTLIGHT_HTTP_H
+#define PILOTLIGHT_HTTP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <uv.h>
+
+typedef struct pl_http pl_http;
+typedef struct pl_conn pl_conn;
+
+/* Request headers the application reads; all others are skipped unread. */
+typedef enum {
+    PL_HDR_CONTROLLER_ID = 0, /* x-trigger-workload-controller-id */
+    PL_HDR_DEPLOYMENT_ID,     /* x-trigger-deployment-id */
+    PL_HDR_DEPLOYMENT_VERSION,/* x-trigger-deployment-version */
+    PL_HDR_MACHINE_CPU,       /* x-trigger-machine-cpu */
+    PL_HDR_MACHINE_MEMORY,    /* x-trigger-machine-memory */
+    PL_HDR_AUTHORIZATION,
+    PL_HDR__COUNT
+} pl_header;
+
+typedef struct {
+    int method; /* llhttp_method_t */
+    const char *path; /* without the query string */
+    size_t path_len;
+    const char *header[PL_HDR__COUNT]; /* NULL when absent */
+    size_t header_len[PL_HDR__COUNT];
+    const char *body;
+    size_t body_len;
+} pl_request;
+
+typedef struct {
+    /* A complete request. <req> and everything it points to are valid only
+     * during the call. Answer with pl_conn_respond() now or later. */
+    void (*on_request)(void *app, pl_conn *c, const pl_request *req);
+    /* A response with <status> was sent on a connection whose request had
+     * <tag> (see pl_conn_set_tag; 0 for the server's own answers to
+     * malformed requests, timeouts and refusals). For counters. */
+    void (*on_response)(void *app, unsigned tag, int status);
+    /* <c> is closing while it holds application data (pl_conn_set_data);
+     * the application drops its reference here. */
+    void (*on_close)(void *app, pl_conn *c);
+} pl_http_callbacks;
+
+typedef struct {
+    uint64_t max_connections;
+    uint64_t max_header_bytes;
+    uint64_t max_url_bytes;
+    uint64_t max_body_bytes;
+    uint64_t header_timeout_ms;
+    uint64_t idle_timeout_ms;
+} pl_http_limits;
+
+/* Returns a new server context bound to no address, or NULL when out of
+ * memory. <app> is passed to every callback. */
+pl_http *pl_http_new(uv_loop_t *loop, const pl_http_limits *limits,
+                     const pl_http_callbacks *cb, void *app);
+
+/* Listens on host:port. Returns 0 and sets *bound_port, or a negative libuv
+ * error. */
+int pl_http_listen(pl_http *h, const char *host, uint16_t port,
+                   uint16_t *bound_port);
+
+/* Stops accepting, closes idle connections, and lets requests in progress
+ * finish; every answer from now on closes its connection. <done>(<arg>)
+ * runs once no connection is left (possibly before this returns). */
+void pl_http_drain(pl_http *h, void (*done)(void *arg), void *arg);
+
+/* Closes every connection at once (the drain deadline passed). */
+void pl_http_close_all(pl_http *h);
+
+/* Closes the listener and timers; the loop must then run until they are
+ * closed, before pl_http_free(). */
+void pl_http_stop(pl_http *h);
+void pl_http_free(pl_http *h);
+
+uint64_t pl_http_connections(const pl_http *h);
+
+/* Sends a response with <status>, optional Content-Type, optional extra
+ * header lines (each ending in \r\n) and <body>. The bytes are copied if the
+ * socket cannot take them at once. Returns 0 when the socket accepted or
+ * queued them, -1 when the connection is already failed or closing (then
+ * nothing was sent). */
+int pl_conn_respond(pl_conn *c, int status, const char *content_type,
+                    const char *extra_headers, const char *body, size_t len);
+
+/* Closes <c> without a response. */
+void pl_conn_close(pl_conn *c);
+
+/* Tags the current request (e.g. with its route) for on_response. */
+void pl_conn_set_tag(pl_conn *c, unsigned tag);
+
+void pl_conn_set_data(pl_conn *c, void *data);
+void *pl_conn_data(const pl_conn *c);
+
+/* Bytes a connection costs the server while it waits (struct sizes). */
+size_t pl_conn_size(void);
+
+#endif

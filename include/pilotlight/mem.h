@@ -1,0 +1,19 @@
+/* mem.h -- the one allocator wrapper: every pilotlight allocation goes here.
+ *
+ * Policy: allocation failure is reported to the caller (NULL), never turned
+ * into exit(); each caller degrades one request, not the process. */
+#ifndef PILOTLIGHT_MEM_H
+#define PILOTLIGHT_MEM_H
+
+#include <stddef.h>
+
+/* Like malloc/realloc/free. Return NULL on failure (or injected failure). */
+void *pl_malloc(size_t size);
+void *pl_realloc(void *ptr, size_t size);
+void pl_free(void *ptr);
+
+/* Test hook: make the <n>th allocation from now on fail (1 = the next one),
+ * and every one after it while <sticky> is non-zero. n = 0 disables. */
+void pl_mem_fail_after(unsigned long n, int sticky);
+
+#endif

@@ -1,0 +1,62 @@
+/* metrics.h -- counters and histograms, rendered as Prometheus text 0.0.4.
+ * Labels take a few fixed values only: nothing per key or per client. */
+#ifndef PILOTLIGHT_METRICS_H
+#define PILOTLIGHT_METRICS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pilotlight/engine.h"
+
+typedef enum {
+    PL_ROUTE_OTHER = 0,
+    PL_ROUTE_CONNECT,
+    PL_ROUTE_PARK,
+    PL_ROUTE_DISPATCH,
+    PL_ROUTE_HEALTHZ,
+    PL_ROUTE_READYZ,
+    PL_ROUTE_METRICS,
+    PL_ROUTE__COUNT
+} pl_route;
+
+typedef enum {
+    PL_DISPATCH_HIT = 0,
+    PL_DISPATCH_MISS,
+    PL_DISPATCH_INVALID,
+    PL_DISPATCH__COUNT
+} pl_dispatch_result;
+
+#define PL_HISTOGRAM_MAX_BUCKETS 16
+
+typedef struct {
+    const double *bounds; /* upper bounds in seconds, ascending */
+    size_t nbounds;
+    uint64_t counts[PL_HISTOGRAM_MAX_BUCKETS]; /* per bucket, not cumulative */
+    uint64_t count;
+    double sum;
+} pl_histogram;
+
+typedef struct {
+    uint64_t http[PL_ROUTE__COUNT][5]; /* by status class 1xx..5xx */
+    uint64_t dispatch[PL_DISPATCH__COUNT];
+    uint64_t connections_open;
+    pl_histogram dispatch_seconds; /* dispatch request handling time */
+    pl_histogram wait_seconds;     /* how long matched waiters were parked */
+} pl_metrics;
+
+void pl_metrics_init(pl_metrics *m);
+
+void pl_metrics_observe(pl_histogram *h, double seconds);
+
+static inline void pl_metrics_count_http(pl_metrics *m, pl_route route, int status)
+{
+    if (status >= 100 && status < 600)
+        m->http[route][status / 100 - 1]++;
+}
+
+/* Renders everything into <buf> (<cap> bytes). Returns the length, or 0 if
+ * it did not fit. */
+size_t pl_metrics_render(const pl_metrics *m, const pl_ledger *ledger,
+                         size_t keys, char *buf, size_t cap);
+
+#endif

@@ -1,0 +1,285 @@
+/* loadgen.c -- pl-loadgen: drives a warm-start broker from both sides and
+ * reports throughput, latency and the server's CPU and memory. */
+#include <errno.h>
+#include <getopt.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include "lg.h"
+
+uv_loop_t *lg_loop;
+
+uint64_t lg_now(void)
+{
+  return uv_hrtime();
+}
+
+void lg_run_for(double secs, void (*pace)(void))
+{
+  uint64_t end = lg_now() + (uint64_t)(secs * 1e9);
+  while (lg_now() < end) {
+    if (pace != NULL) {
+      uv_run(lg_loop, UV_RUN_NOWAIT);
+      pace();
+    } else {
+      uv_run(lg_loop, UV_RUN_ONCE);
+    }
+  }
+}
+
+int lg_run_until(volatile long *flag, long want, double secs)
+{
+  uint64_t end = lg_now() + (uint64_t)(secs * 1e9);
+  while (lg_now() < end) {
+    if (want == 0 ? *flag <= 0 : *flag >= want)
+      return 1;
+    uv_run(lg_loop, UV_RUN_ONCE);
+  }
+  return want == 0 ? *flag <= 0 : *flag >= want;
+}
+
+/* A 10 ms ticker so UV_RUN_ONCE never sleeps past a deadline. */
+static uv_timer_t ticker;
+static void tick_cb(uv_timer_t *t)
+{
+  (void)t;
+}
+
+static const lg_opts_t *g_opts;
+static long get_done;
+static int get_status;
+static char *get_body;
+static size_t get_cap;
+
+static void get_resp(lg_conn_t *c, int status, const char *body, size_t len)
+{
+  get_status = status;
+  if (get_body != NULL && get_cap > 0) {
+    size_t n = len < get_cap - 1 ? len : get_cap - 1;
+    memcpy(get_body, body, n);
+    get_body[n] = '\0';
+  }
+  lg_conn_close(c);
+}
+
+static void get_connected(lg_conn_t *c, int err)
+{
+  char req[512];
+  if (err != 0) {
+    get_status = err;
+    return;
+  }
+  size_t n = lg_req_get(g_opts, req, sizeof(req), (const char *)c->ud);
+  lg_conn_send(c, req, n);
+}
+
+static void get_closed(lg_conn_t *c)
+{
+  (void)c;
+  get_done = 1;
+}
+
+int lg_http_get(const char *path, char *body, size_t cap, double timeout_s)
+{
+  static lg_conn_t c;
+  memset(&c, 0, sizeof(c));
+  c.on_resp = get_resp;
+  c.on_connect = get_connected;
+  c.on_close = get_closed;
+  c.ud = (void *)path;
+  get_done = 0;
+  get_status = -1;
+  get_body = body;
+  get_cap = cap;
+  if (body != NULL && cap > 0)
+    body[0] = '\0';
+  if (lg_conn_connect(&c, 0) != 0)
+    return -1;
+  if (!lg_run_until(&get_done, 1, timeout_s)) {
+    lg_conn_close(&c);
+    lg_run_until(&get_done, 1, 1.0);
+    get_status = -1;
+  }
+  lg_conn_release(&c);
+  return get_status;
+}
+
+int lg_scrape(lg_ledger_t *l)
+{
+  static char text[65536];
+  memset(l, 0, sizeof(*l));
+  if (lg_http_get("/metrics", text, sizeof(text), 5.0) != 200)
+    return -1;
+  lg_ledger_parse(text, strlen(text), l);
+  return l->ok ? 0 : -1;
+}
+
+void lg_row(const lg_opts_t *o, const char *name, const char *fmt, ...)
+{
+  va_list ap;
+  if (o->json_only)
+    return;
+  printf("  %-26s ", name);
+  va_start(ap, fmt);
+  vprintf(fmt, ap);
+  va_end(ap);
+  printf("\n");
+}
+
+static void usage(FILE *f)
+{
+  fprintf(f,
+          "usage: pl-loadgen [options] SCENARIO[,SCENARIO...]\n"
+          "scenarios: cycle idle churn scale\n"
+          "  --target HOST:PORT        server address (127.0.0.1:8080)\n"
+          "  --proto warm-start|nchan  URL scheme (warm-start)\n"
+          "  --server-pid PID          read the server's CPU and RSS from /proc\n"
+          "  --label NAME              system name for the JSON lines\n"
+          "  --metrics                 scrape /metrics (pilotlight) for the ledger\n"
+          "  --duration S              measured seconds per cycle run (5)\n"
+          "  --warmup S                warm-up seconds before measuring (1)\n"
+          "  --controllers N           cycle: parked controllers (500)\n"
+          "  --dispatchers N           cycle: dispatcher connections (50)\n"
+          "  --rate R                  cycle: offered dispatches/s (0 = closed loop)\n"
+          "  --pace spin|timer         rate pacing (spin: busy-poll for us precision)\n"
+          "  --keys N                  distinct keys (deployments x presets) (30)\n"
+          "  --parked N                idle: parked polls (10000)\n"
+          "  --cycles N                churn: connect-park-abort cycles (200000)\n"
+          "  --churn-warmup N          churn: warm-up cycles before the baseline (20000)\n"
+          "  --concurrency N           churn: cycles in flight (64)\n"
+          "  --scale-small N --scale-large N --scale-rate R --scale-miss-keys N\n"
+          "                            scale: parked counts (1000, 18000), rate (5000),\n"
+          "                            never-parked key space (100000)\n"
+          "  --source-addrs N          spread connections over 127.0.0.1..N (auto)\n"
+          "  --probe PATH              idle: path asked after the close (/healthz)\n"
+          "  --json                    JSON lines only\n");
+}
+
+static int parse_target(const char *s, lg_opts_t *o)
+{
+  static char host[64];
+  const char *colon = strrchr(s, ':');
+  if (colon == NULL || (size_t)(colon - s) >= sizeof(host))
+    return -1;
+  memcpy(host, s, (size_t)(colon - s));
+  host[colon - s] = '\0';
+  o->host = host;
+  o->port = atoi(colon + 1);
+  return o->port > 0 ? 0 : -1;
+}
+
+static int parse_args(int argc, char **argv, lg_opts_t *o, char **scenarios)
+{
+  enum { O_TARGET = 1000, O_PROTO, O_PID, O_LABEL, O_METRICS, O_DUR, O_WARM, O_CTL, O_DISP,
+         O_RATE, O_PACE, O_KEYS, O_PARKED, O_CYCLES, O_CWARM, O_CONC, O_SSMALL, O_SLARGE,
+         O_SRATE, O_SMISS, O_SRC, O_PROBE, O_JSON, O_HELP };
+  static const struct option lo[] = {
+      {"target", 1, 0, O_TARGET},       {"proto", 1, 0, O_PROTO},
+      {"server-pid", 1, 0, O_PID},      {"label", 1, 0, O_LABEL},
+      {"metrics", 0, 0, O_METRICS},     {"duration", 1, 0, O_DUR},
+      {"warmup", 1, 0, O_WARM},         {"controllers", 1, 0, O_CTL},
+      {"dispatchers", 1, 0, O_DISP},    {"rate", 1, 0, O_RATE},
+      {"pace", 1, 0, O_PACE},           {"keys", 1, 0, O_KEYS},
+      {"parked", 1, 0, O_PARKED},       {"cycles", 1, 0, O_CYCLES},
+      {"churn-warmup", 1, 0, O_CWARM},  {"concurrency", 1, 0, O_CONC},
+      {"scale-small", 1, 0, O_SSMALL},  {"scale-large", 1, 0, O_SLARGE},
+      {"scale-rate", 1, 0, O_SRATE},    {"scale-miss-keys", 1, 0, O_SMISS},
+      {"source-addrs", 1, 0, O_SRC},    {"probe", 1, 0, O_PROBE},
+      {"json", 0, 0, O_JSON},           {"help", 0, 0, O_HELP},
+      {0, 0, 0, 0}};
+  int ch;
+  while ((ch = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+    switch (ch) {
+    case O_TARGET: if (parse_target(optarg, o) != 0) return -1; break;
+    case O_PROTO:
+      if (strcmp(optarg, "nchan") == 0) o->proto = LG_PROTO_NCHAN;
+      else if (strcmp(optarg, "warm-start") == 0) o->proto = LG_PROTO_WARMSTART;
+      else return -1;
+      break;
+    case O_PID: o->server_pid = atoi(optarg); break;
+    case O_LABEL: o->label = optarg; break;
+    case O_METRICS: o->metrics = 1; break;
+    case O_DUR: o->duration_s = atof(optarg); break;
+    case O_WARM: o->warmup_s = atof(optarg); break;
+    case O_CTL: o->controllers = atoi(optarg); break;
+    case O_DISP: o->dispatchers = atoi(optarg); break;
+    case O_RATE: o->rate = atof(optarg); break;
+    case O_PACE: o->spin = strcmp(optarg, "timer") != 0; break;
+    case O_KEYS: o->keys = atoi(optarg); break;
+    case O_PARKED: o->parked = atol(optarg); break;
+    case O_CYCLES: o->cycles = atol(optarg); break;
+    case O_CWARM: o->churn_warmup = atol(optarg); break;
+    case O_CONC: o->concurrency = atoi(optarg); break;
+    case O_SSMALL: o->scale_small = atoi(optarg); break;
+    case O_SLARGE: o->scale_large = atoi(optarg); break;
+    case O_SRATE: o->scale_rate = atof(optarg); break;
+    case O_SMISS: o->scale_misskeys = atol(optarg); break;
+    case O_SRC: o->source_addrs = atoi(optarg); break;
+    case O_PROBE: o->probe_path = optarg; break;
+    case O_JSON: o->json_only = 1; break;
+    case O_HELP: usage(stdout); exit(0);
+    default: return -1;
+    }
+  }
+  if (optind != argc - 1)
+    return -1;
+  *scenarios = argv[optind];
+  if (o->controllers < 1 || o->dispatchers < 1 || o->keys < 1 || o->concurrency < 1 ||
+      o->parked < 1 || o->cycles < 1 || o->scale_small < 1 || o->scale_large < 1 ||
+      o->scale_misskeys < 1 || o->duration_s <= 0 || o->warmup_s < 0)
+    return -1;
+  return 0;
+}
+
+/* Lifts the soft open-file limit to the hard one: idle wants ~19 k sockets. */
+static void raise_nofile(void)
+{
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &rl);
+  }
+}
+
+int main(int argc, char **argv)
+{
+  lg_opts_t o = {
+      .host = "127.0.0.1", .port = 8080, .label = "server", .duration_s = 5, .warmup_s = 1,
+      .controllers = 500, .dispatchers = 50, .spin = 1, .keys = 30, .parked = 10000,
+      .cycles = 200000, .churn_warmup = 20000, .concurrency = 64, .scale_small = 1000,
+      .scale_large = 18000, .scale_rate = 5000, .scale_misskeys = 100000,
+      .probe_path = "/healthz",
+  };
+  char *scenarios;
+  if (parse_args(argc, argv, &o, &scenarios) != 0) {
+    usage(stderr);
+    return 2;
+  }
+  raise_nofile();
+  g_opts = &o;
+  lg_loop = uv_default_loop();
+  uv_timer_init(lg_loop, &ticker);
+  uv_timer_start(&ticker, tick_cb, 10, 10);
+  lg_conn_setup(lg_loop, o.host, o.port, o.source_addrs);
+  int rc = 0;
+  for (char *s = strtok(scenarios, ","); s != NULL; s = strtok(NULL, ",")) {
+    if (strcmp(s, "cycle") == 0)
+      rc |= lg_scenario_cycle(&o);
+    else if (strcmp(s, "idle") == 0)
+      rc |= lg_scenario_idle(&o);
+    else if (strcmp(s, "churn") == 0)
+      rc |= lg_scenario_churn(&o);
+    else if (strcmp(s, "scale") == 0)
+      rc |= lg_scenario_scale(&o);
+    else {
+      fprintf(stderr, "pl-loadgen: unknown scenario %s\n", s);
+      return 2;
+    }
+  }
+  uv_timer_stop(&ticker);
+  uv_close((uv_handle_t *)&ticker, NULL);
+  uv_run(lg_loop, UV_RUN_NOWAIT);
+  return rc;
+}

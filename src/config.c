@@ -1,0 +1,359 @@
+/* config.c -- the settings table and its four sources. */
+#include <arpa/inet.h>
+#include <ctype.h>
+#include <errno.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pilotlight/config.h"
+
+typedef enum { T_U64, T_LISTEN, T_ORDER, T_LEVEL } setting_type;
+
+typedef struct {
+    const char *name; /* file name; env is PILOTLIGHT_<NAME>, flag --na-me */
+    setting_type type;
+    size_t offset;
+    uint64_t min, max;
+    const char *def;
+    const char *help;
+} setting;
+
+#define U64(field, lo, hi, d, h) \
+    {#field, T_U64, offsetof(pl_config, field), lo, hi, d, h}
+#define DAY_MS 86400000ULL
+
+static const setting settings[] = {
+    {"listen", T_LISTEN, 0, 0, 0, "0.0.0.0:8080",
+     "address for controllers and dispatchers, HOST:PORT (port 0 picks one)"},
+    U64(connection_timeout_ms, 1, DAY_MS, "30000",
+        "connectionTimeoutMs served by /connect: how long a controller holds a poll"),
+    U64(keepalive_ms, 1, 30 * DAY_MS, "300000",
+        "keepaliveMs served by /connect: how long a controller keeps polling"),
+    U64(park_timeout_ms, 0, DAY_MS, "0",
+        "server-side poll timeout (204); 0 = connection_timeout_ms + 5000"),
+    {"match_order", T_ORDER, offsetof(pl_config, match_order), 0, 0, "fifo",
+     "which parked poll of a key gets a run: fifo (oldest) or lifo (newest)"},
+    U64(max_waiters, 1, 100000000, "100000", "parked polls allowed in all (503 beyond)"),
+    U64(max_waiters_per_key, 1, 100000000, "10000",
+        "parked polls allowed per key (503 beyond)"),
+    U64(max_connections, 1, 100000000, "100000",
+        "open connections allowed (clamped below the file-descriptor limit)"),
+    U64(max_header_bytes, 256, 1048576, "16384", "request line and headers (431 beyond)"),
+    U64(max_url_bytes, 16, 1048576, "4096", "request target (414 beyond)"),
+    U64(max_body_bytes, 0, 1073741824, "1048576", "request body (413 beyond)"),
+    U64(header_timeout_ms, 1, DAY_MS, "10000",
+        "time to receive a request's headers, and again its body (408)"),
+    U64(idle_timeout_ms, 1, DAY_MS, "120000", "idle keep-alive connection lifetime"),
+    U64(shutdown_timeout_ms, 1, DAY_MS, "10000",
+        "on SIGTERM, longest wait for in-flight requests before exit"),
+    U64(drain_delay_ms, 0, DAY_MS, "0",
+        "on SIGTERM, how long /readyz answers 503 before the listener closes"),
+    {"log_level", T_LEVEL, offsetof(pl_config, log_level), 0, 0, "info",
+     "error, warn, info or debug"},
+};
+
+#define NSETTINGS (sizeof(settings) / sizeof(settings[0]))
+
+static const setting *find_setting(const char *name, size_t len)
+{
+    for (size_t i = 0; i < NSETTINGS; i++)
+        if (strlen(settings[i].name) == len && memcmp(settings[i].name, name, len) == 0)
+            return &settings[i];
+    return NULL;
+}
+
+static int parse_listen(pl_config *cfg, const char *v)
+{
+    const char *colon = strrchr(v, ':');
+    char host[PL_CONFIG_HOST_MAX];
+    unsigned char addr[16];
+    size_t hlen;
+    char *end;
+    unsigned long port;
+
+    if (colon == NULL || colon[1] == '\0')
+        return -1;
+    hlen = (size_t)(colon - v);
+    if (hlen >= 2 && v[0] == '[' && v[hlen - 1] == ']') {
+        v++; /* [::1]:8080 */
+        hlen -= 2;
+    }
+    if (hlen == 0 || hlen >= sizeof(host))
+        return -1;
+    memcpy(host, v, hlen);
+    host[hlen] = '\0';
+    if (inet_pton(AF_INET, host, addr) != 1 && inet_pton(AF_INET6, host, addr) != 1)
+        return -1;
+    errno = 0;
+    port = strtoul(colon + 1, &end, 10);
+    if (*end != '\0' || errno != 0 || port > 65535 || !isdigit((unsigned char)colon[1]))
+        return -1;
+    memcpy(cfg->listen_host, host, hlen + 1);
+    cfg->listen_port = (uint16_t)port;
+    return 0;
+}
+
+static int apply(pl_config *cfg, const setting *s, const char *v, char *err,
+                 size_t errlen)
+{
+    char *base = (char *)cfg + s->offset, *end;
+    unsigned long long n;
+
+    switch (s->type) {
+    case T_LISTEN:
+        if (parse_listen(cfg, v) == 0)
+            return 0;
+        snprintf(err, errlen, "listen: '%s' is not HOST:PORT with a numeric address", v);
+        return -1;
+    case T_ORDER:
+        if (strcmp(v, "fifo") == 0 || strcmp(v, "lifo") == 0) {
+            *(pl_order *)(void *)base = v[0] == 'f' ? PL_ORDER_FIFO : PL_ORDER_LIFO;
+            return 0;
+        }
+        snprintf(err, errlen, "match_order: '%s' is not fifo or lifo", v);
+        return -1;
+    case T_LEVEL:
+        if (pl_log_parse_level(v, (pl_log_level *)(void *)base) == 0)
+            return 0;
+        snprintf(err, errlen, "log_level: '%s' is not error, warn, info or debug", v);
+        return -1;
+    case T_U64:
+        errno = 0;
+        n = strtoull(v, &end, 10);
+        if (!isdigit((unsigned char)v[0]) || *end != '\0' || errno != 0 ||
+            n < s->min || n > s->max) {
+            snprintf(err, errlen, "%s: '%s' is not a whole number from %llu to %llu",
+                     s->name, v, (unsigned long long)s->min, (unsigned long long)s->max);
+            return -1;
+        }
+        memcpy(base, &(uint64_t){n}, sizeof(uint64_t));
+        return 0;
+    }
+    return -1;
+}
+
+int pl_config_set(pl_config *cfg, const char *name, const char *value,
+                  char *err, size_t errlen)
+{
+    const setting *s = find_setting(name, strlen(name));
+
+    if (s == NULL) {
+        snprintf(err, errlen, "unknown setting '%s'", name);
+        return -1;
+    }
+    return apply(cfg, s, value, err, errlen);
+}
+
+static char *trim(char *s)
+{
+    char *e;
+
+    while (isspace((unsigned char)*s))
+        s++;
+    e = s + strlen(s);
+    while (e > s && isspace((unsigned char)e[-1]))
+        *--e = '\0';
+    return s;
+}
+
+static int load_file(pl_config *cfg, const char *path, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "r");
+    char line[1024], msg[512];
+    int lineno = 0, rc = 0;
+
+    if (f == NULL) {
+        snprintf(err, errlen, "config file %s: %s", path, strerror(errno));
+        return -1;
+    }
+    while (rc == 0 && fgets(line, sizeof(line), f) != NULL) {
+        char *hash = strchr(line, '#'), *eq, *s;
+
+        lineno++;
+        if (hash)
+            *hash = '\0';
+        s = trim(line);
+        if (*s == '\0')
+            continue;
+        eq = strchr(s, '=');
+        if (eq == NULL) {
+            snprintf(err, errlen, "%s:%d: expected 'name = value'", path, lineno);
+            rc = -1;
+            break;
+        }
+        *eq = '\0';
+        if (pl_config_set(cfg, trim(s), trim(eq + 1), msg, sizeof(msg)) != 0) {
+            snprintf(err, errlen, "%s:%d: %s", path, lineno, msg);
+            rc = -1;
+        }
+    }
+    fclose(f);
+    return rc;
+}
+
+/* Matches "PILOTLIGHT_<NAME>=" against setting names; returns the setting. */
+static const setting *env_setting(const char *var, const char **value)
+{
+    static const char prefix[] = "PILOTLIGHT_";
+    const char *eq = strchr(var, '=');
+    char name[64];
+    size_t len;
+
+    if (eq == NULL || strncmp(var, prefix, sizeof(prefix) - 1) != 0)
+        return NULL;
+    var += sizeof(prefix) - 1;
+    len = (size_t)(eq - var);
+    if (len >= sizeof(name))
+        return NULL;
+    for (size_t i = 0; i < len; i++)
+        name[i] = (char)tolower((unsigned char)var[i]);
+    *value = eq + 1;
+    return find_setting(name, len);
+}
+
+/* Matches "--na-me" or "--na-me=value"; returns the setting. */
+static const setting *flag_setting(const char *arg, const char **inline_value)
+{
+    const char *eq = strchr(arg, '=');
+    size_t len = eq ? (size_t)(eq - arg) : strlen(arg);
+    char name[64];
+
+    *inline_value = eq ? eq + 1 : NULL;
+    if (len < 3 || len - 2 >= sizeof(name) || strncmp(arg, "--", 2) != 0)
+        return NULL;
+    for (size_t i = 2; i < len; i++)
+        name[i - 2] = arg[i] == '-' ? '_' : arg[i];
+    return find_setting(name, len - 2);
+}
+
+static const char *config_path(int argc, char **argv, char **envp)
+{
+    const char *path = NULL;
+
+    for (int i = 0; envp && envp[i]; i++)
+        if (strncmp(envp[i], "PILOTLIGHT_CONFIG=", 18) == 0)
+            path = envp[i] + 18;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--config") == 0 && i + 1 < argc)
+            path = argv[++i];
+        else if (strncmp(argv[i], "--config=", 9) == 0)
+            path = argv[i] + 9;
+    }
+    return path;
+}
+
+static int load_flags(pl_config *cfg, int argc, char **argv,
+                      pl_config_action *action, char *err, size_t errlen)
+{
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i], *v;
+        const setting *s;
+
+        if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
+            *action = PL_CONFIG_HELP;
+        } else if (strcmp(arg, "--version") == 0) {
+            *action = PL_CONFIG_VERSION;
+        } else if (strcmp(arg, "--check-config") == 0) {
+            *action = PL_CONFIG_CHECK;
+        } else if (strcmp(arg, "--config") == 0) {
+            i++; /* read first, by config_path() */
+        } else if (strncmp(arg, "--config=", 9) == 0) {
+            continue;
+        } else if ((s = flag_setting(arg, &v)) != NULL) {
+            if (v == NULL && i + 1 >= argc) {
+                snprintf(err, errlen, "%s needs a value", arg);
+                return -1;
+            }
+            if (apply(cfg, s, v ? v : argv[++i], err, errlen) != 0)
+                return -1;
+        } else {
+            snprintf(err, errlen, "unknown option '%s' (see --help)", arg);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int pl_config_load(pl_config *cfg, int argc, char **argv, char **envp,
+                   pl_config_action *action, char *err, size_t errlen)
+{
+    const char *path = config_path(argc, argv, envp);
+    char msg[512];
+
+    memset(cfg, 0, sizeof(*cfg));
+    *action = PL_CONFIG_RUN;
+    for (size_t i = 0; i < NSETTINGS; i++)
+        if (apply(cfg, &settings[i], settings[i].def, err, errlen) != 0)
+            return -1;
+    if (path != NULL && load_file(cfg, path, err, errlen) != 0)
+        return -1;
+    for (int i = 0; envp && envp[i]; i++) {
+        const char *v;
+        const setting *s = env_setting(envp[i], &v);
+        if (s != NULL && apply(cfg, s, v, msg, sizeof(msg)) != 0) {
+            snprintf(err, errlen, "environment %.*s", (int)(strchr(envp[i], '=') - envp[i]), envp[i]);
+            snprintf(err + strlen(err), errlen - strlen(err), ": %s", msg);
+            return -1;
+        }
+    }
+    if (load_flags(cfg, argc, argv, action, err, errlen) != 0)
+        return -1;
+    if (cfg->park_timeout_ms == 0)
+        cfg->park_timeout_ms = cfg->connection_timeout_ms + 5000;
+    return 0;
+}
+
+static void print_value(const pl_config *cfg, const setting *s, FILE *out)
+{
+    const char *base = (const char *)cfg + s->offset;
+
+    switch (s->type) {
+    case T_LISTEN:
+        fprintf(out, strchr(cfg->listen_host, ':') ? "[%s]:%u" : "%s:%u",
+                cfg->listen_host, cfg->listen_port);
+        break;
+    case T_ORDER:
+        fputs(*(const pl_order *)(const void *)base == PL_ORDER_FIFO ? "fifo" : "lifo", out);
+        break;
+    case T_LEVEL:
+        fputs(pl_log_level_name(*(const pl_log_level *)(const void *)base), out);
+        break;
+    case T_U64: {
+        uint64_t v;
+        memcpy(&v, base, sizeof(v));
+        fprintf(out, "%llu", (unsigned long long)v);
+        break;
+    }
+    }
+}
+
+void pl_config_print(const pl_config *cfg, FILE *out)
+{
+    for (size_t i = 0; i < NSETTINGS; i++) {
+        fprintf(out, "%s = ", settings[i].name);
+        print_value(cfg, &settings[i], out);
+        fputc('\n', out);
+    }
+}
+
+void pl_config_usage(FILE *out)
+{
+    fputs("usage: pilotlight [options]\n\n"
+          "  --config FILE      read settings from FILE (also PILOTLIGHT_CONFIG)\n"
+          "  --check-config     validate, print the effective configuration, exit\n"
+          "  --help, --version\n\n"
+          "settings (flag, environment variable, default):\n", out);
+    for (size_t i = 0; i < NSETTINGS; i++) {
+        char flag[64], env[64];
+        size_t n = strlen(settings[i].name);
+
+        for (size_t j = 0; j <= n; j++) {
+            char c = settings[i].name[j];
+            flag[j] = c == '_' ? '-' : c;
+            env[j] = (char)toupper((unsigned char)c);
+        }
+        fprintf(out, "  --%-22s PILOTLIGHT_%-22s %s\n      %s\n", flag, env,
+                settings[i].def, settings[i].help);
+    }
+}

@@ -1,0 +1,879 @@
+/* http.c -- HTTP/1.1 connections: parse, limit, time out, answer in order. */
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+
+#include <llhttp.h>
+
+#include "pilotlight/http.h"
+#include "pilotlight/log.h"
+#include "pilotlight/mem.h"
+
+#define container_of(ptr, type, member) \
+    ((type *)(void *)((char *)(ptr) - offsetof(type, member)))
+
+#define READ_BUFFER_SIZE 65536
+#define LINGER_MS 2000
+#define MAX_HEADERS 100
+
+/* Headers the parser itself needs, after the application's. */
+enum { H_HOST = PL_HDR__COUNT, H_EXPECT, H__COUNT, H_OTHER = 255 };
+
+/* The timer lists. Each has one timeout for all its members, so appending
+ * keeps it sorted by deadline and expiry only looks at the head. A pending
+ * connection (its answer not yet sent, e.g. a parked poll) is in none. */
+enum { TL_NONE = 0, TL_REQUEST, TL_IDLE, TL_LINGER, TL_RESUME, TL__COUNT };
+
+typedef struct {
+    pl_conn *head, *tail;
+} conn_list;
+
+struct pl_conn {
+    uv_tcp_t tcp;
+    llhttp_t parser;
+    pl_http *http;
+    void *data;                /* the application's (a parked waiter) */
+    pl_conn *lprev, *lnext;    /* in http->lists[list] */
+    uint64_t since;            /* when it entered that list */
+    char *in;                  /* bytes received but not yet parsed */
+    uint32_t in_len, in_cap;
+    char *req;                 /* the current request's arena: url, */
+    uint32_t req_len, req_cap; /* wanted header values, body */
+    uint32_t url_off, url_len, body_off, body_len;
+    uint32_t hdr_off[H__COUNT], hdr_len[H__COUNT];
+    uint32_t seen;             /* bit per H_* id */
+    uint32_t head_bytes;
+    uint16_t nheaders, err_status;
+    const char *err_msg;
+    uint8_t list, tag, cur_hdr, hname_len;
+    char hname[40];
+    unsigned pending : 1;      /* request handed over, not yet answered */
+    unsigned in_parse : 1;     /* inside conn_execute() */
+    unsigned in_msg : 1;       /* a request has begun arriving */
+    unsigned keep_alive : 1;
+    unsigned finishing : 1;    /* last answer sent; shutting down */
+    unsigned closing : 1;
+};
+
+struct pl_http {
+    uv_loop_t *loop;
+    uv_tcp_t listener;
+    uv_timer_t timer;
+    uv_idle_t resume;
+    uint64_t timer_due; /* when the armed timer fires */
+    pl_http_limits limits;
+    pl_http_callbacks cb;
+    void *app;
+    llhttp_settings_t settings;
+    conn_list lists[TL__COUNT];
+    uint64_t timeouts[TL__COUNT];
+    uint64_t nconns;
+    uint64_t last_accept_error;
+    int listening, draining;
+    void (*drained)(void *arg);
+    void *drained_arg;
+    char readbuf[READ_BUFFER_SIZE];
+};
+
+typedef struct {
+    uv_write_t req;
+    char data[];
+} write_req;
+
+static const struct {
+    const char *name;
+    uint8_t id;
+} known_headers[] = {
+    {"x-trigger-workload-controller-id", PL_HDR_CONTROLLER_ID},
+    {"x-trigger-deployment-id", PL_HDR_DEPLOYMENT_ID},
+    {"x-trigger-deployment-version", PL_HDR_DEPLOYMENT_VERSION},
+    {"x-trigger-machine-cpu", PL_HDR_MACHINE_CPU},
+    {"x-trigger-machine-memory", PL_HDR_MACHINE_MEMORY},
+    {"authorization", PL_HDR_AUTHORIZATION},
+    {"host", H_HOST},
+    {"expect", H_EXPECT},
+};
+
+static void conn_close(pl_conn *c);
+static void conn_process_buffered(pl_conn *c);
+static void timer_arm(pl_http *h, uint64_t due);
+static void resume_cb(uv_idle_t *idle);
+static void respond_own(pl_conn *c, int status, const char *msg);
+
+/* ---- timer lists ---- */
+
+static void list_remove(pl_conn *c)
+{
+    conn_list *l;
+
+    if (c->list == TL_NONE)
+        return;
+    l = &c->http->lists[c->list];
+    if (c->lprev)
+        c->lprev->lnext = c->lnext;
+    else
+        l->head = c->lnext;
+    if (c->lnext)
+        c->lnext->lprev = c->lprev;
+    else
+        l->tail = c->lprev;
+    c->lprev = c->lnext = NULL;
+    c->list = TL_NONE;
+}
+
+static void list_add(pl_conn *c, uint8_t which)
+{
+    pl_http *h = c->http;
+    conn_list *l = &h->lists[which];
+
+    list_remove(c);
+    c->list = which;
+    c->since = uv_now(h->loop);
+    c->lprev = l->tail;
+    c->lnext = NULL;
+    if (l->tail)
+        l->tail->lnext = c;
+    else
+        l->head = c;
+    l->tail = c;
+    if (which == TL_RESUME)
+        uv_idle_start(&h->resume, resume_cb);
+    else
+        timer_arm(h, c->since + h->timeouts[which]);
+}
+
+static void expire_one(pl_conn *c)
+{
+    if (c->list == TL_REQUEST && c->in_msg)
+        respond_own(c, 408, "request not received in time");
+    else
+        conn_close(c);
+}
+
+static void timer_cb(uv_timer_t *t)
+{
+    pl_http *h = container_of(t, pl_http, timer);
+    uint64_t now = uv_now(h->loop), next = UINT64_MAX;
+
+    h->timer_due = 0;
+    for (int i = TL_REQUEST; i <= TL_LINGER; i++) {
+        conn_list *l = &h->lists[i];
+        while (l->head && l->head->since + h->timeouts[i] <= now)
+            expire_one(l->head); /* always leaves the list */
+        if (l->head && l->head->since + h->timeouts[i] < next)
+            next = l->head->since + h->timeouts[i];
+    }
+    if (next != UINT64_MAX)
+        timer_arm(h, next);
+}
+
+static void timer_arm(pl_http *h, uint64_t due)
+{
+    uint64_t now = uv_now(h->loop);
+
+    if (h->timer_due != 0 && h->timer_due <= due)
+        return;
+    h->timer_due = due;
+    uv_timer_start(&h->timer, timer_cb, due > now ? due - now : 0, 0);
+}
+
+/* ---- writing ---- */
+
+static void on_write(uv_write_t *req, int status)
+{
+    pl_conn *c = container_of(req->handle, pl_conn, tcp);
+
+    pl_free(container_of(req, write_req, req));
+    if (status < 0)
+        conn_close(c);
+}
+
+/* Writes <bufs>, copying what the socket cannot take now. Returns 0, or -1
+ * when the connection failed (it is then closing). */
+static int conn_write(pl_conn *c, const uv_buf_t *bufs, unsigned n)
+{
+    size_t total = 0, skip, rest;
+    write_req *w;
+    uv_buf_t b;
+    char *p;
+    int r;
+
+    if (c->closing)
+        return -1;
+    for (unsigned i = 0; i < n; i++)
+        total += bufs[i].len;
+    r = uv_try_write((uv_stream_t *)&c->tcp, bufs, n);
+    if (r == UV_EAGAIN)
+        r = 0;
+    if (r < 0) {
+        conn_close(c);
+        return -1;
+    }
+    if ((size_t)r == total)
+        return 0;
+    skip = (size_t)r;
+    rest = total - skip;
+    w = pl_malloc(sizeof(*w) + rest);
+    if (w == NULL) {
+        conn_close(c);
+        return -1;
+    }
+    p = w->data;
+    for (unsigned i = 0; i < n; i++) {
+        size_t len = bufs[i].len, off = skip < len ? skip : len;
+        memcpy(p, bufs[i].base + off, len - off);
+        p += len - off;
+        skip -= off;
+    }
+    b = uv_buf_init(w->data, (unsigned)rest);
+    if (uv_write(&w->req, (uv_stream_t *)&c->tcp, &b, 1, on_write) != 0) {
+        pl_free(w);
+        conn_close(c);
+        return -1;
+    }
+    return 0;
+}
+
+static const char *reason(int status)
+{
+    switch (status) {
+    case 100: return "Continue";
+    case 200: return "OK";
+    case 204: return "No Content";
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 403: return "Forbidden";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 408: return "Request Timeout";
+    case 409: return "Conflict";
+    case 413: return "Content Too Large";
+    case 414: return "URI Too Long";
+    case 417: return "Expectation Failed";
+    case 431: return "Request Header Fields Too Large";
+    case 500: return "Internal Server Error";
+    case 503: return "Service Unavailable";
+    default: return "Unknown";
+    }
+}
+
+static void on_shutdown(uv_shutdown_t *req, int status)
+{
+    pl_conn *c = container_of(req->handle, pl_conn, tcp);
+
+    pl_free(req);
+    if (status < 0)
+        conn_close(c);
+}
+
+/* The last answer is queued: send FIN after it, then keep reading (and
+ * dropping) until the client closes or LINGER_MS pass, so a client still
+ * sending is not answered with a reset that could destroy our answer. */
+static void conn_finish(pl_conn *c)
+{
+    uv_shutdown_t *req;
+
+    if (c->finishing || c->closing)
+        return;
+    c->finishing = 1;
+    req = pl_malloc(sizeof(*req));
+    if (req == NULL ||
+        uv_shutdown(req, (uv_stream_t *)&c->tcp, on_shutdown) != 0) {
+        pl_free(req);
+        conn_close(c);
+        return;
+    }
+    list_add(c, TL_LINGER);
+}
+
+int pl_conn_respond(pl_conn *c, int status, const char *content_type,
+                    const char *extra_headers, const char *body, size_t len)
+{
+    pl_http *h = c->http;
+    char head[512];
+    uv_buf_t bufs[2];
+    int n, keep = c->keep_alive && !h->draining;
+
+    if (c->closing || c->finishing)
+        return -1;
+    n = snprintf(head, sizeof(head), "HTTP/1.1 %d %s\r\n%s%s%s%s%s",
+                 status, reason(status),
+                 content_type ? "Content-Type: " : "",
+                 content_type ? content_type : "", content_type ? "\r\n" : "",
+                 extra_headers ? extra_headers : "",
+                 keep ? "" : "Connection: close\r\n");
+    if (status != 204 && status >= 200)
+        n += snprintf(head + n, sizeof(head) - (size_t)n,
+                      "Content-Length: %zu\r\n", len);
+    n += snprintf(head + n, sizeof(head) - (size_t)n, "\r\n");
+    bufs[0] = uv_buf_init(head, (unsigned)n);
+    bufs[1] = uv_buf_init((char *)body, (unsigned)len);
+    c->pending = 0;
+    if (conn_write(c, bufs, len > 0 ? 2 : 1) != 0)
+        return -1;
+    if (h->cb.on_response)
+        h->cb.on_response(h->app, c->tag, status);
+    if (!keep)
+        conn_finish(c);
+    else if (c->in_len > 0 && !c->in_parse)
+        list_add(c, TL_RESUME);
+    else
+        list_add(c, TL_IDLE);
+    return 0;
+}
+
+/* Answers with an error of the server's own and closes after it. */
+static void respond_own(pl_conn *c, int status, const char *msg)
+{
+    char body[160];
+    int n = snprintf(body, sizeof(body), "{\"error\":\"%s\"}", msg);
+
+    c->keep_alive = 0;
+    c->tag = 0;
+    pl_conn_respond(c, status, "application/json", NULL, body, (size_t)n);
+}
+
+/* ---- the request arena ---- */
+
+static int arena_put(pl_conn *c, const char *at, size_t len)
+{
+    if (c->req_len + len > c->req_cap) {
+        size_t cap = c->req_cap ? c->req_cap : 512;
+        char *p;
+        while (cap < c->req_len + len)
+            cap *= 2;
+        p = pl_realloc(c->req, cap);
+        if (p == NULL)
+            return -1;
+        c->req = p;
+        c->req_cap = (uint32_t)cap;
+    }
+    memcpy(c->req + c->req_len, at, len);
+    c->req_len += (uint32_t)len;
+    return 0;
+}
+
+static void arena_release(pl_conn *c)
+{
+    pl_free(c->req);
+    c->req = NULL;
+    c->req_len = c->req_cap = 0;
+}
+
+/* ---- llhttp callbacks ---- */
+
+static pl_conn *parser_conn(llhttp_t *p)
+{
+    return container_of(p, pl_conn, parser);
+}
+
+static int fail(pl_conn *c, int status, const char *msg)
+{
+    c->err_status = (uint16_t)status;
+    c->err_msg = msg;
+    return -1;
+}
+
+static int count_head(pl_conn *c, size_t len)
+{
+    c->head_bytes += (uint32_t)len;
+    if (c->head_bytes > c->http->limits.max_header_bytes)
+        return fail(c, 431, "request headers too large");
+    return 0;
+}
+
+static int on_message_begin(llhttp_t *p)
+{
+    pl_conn *c = parser_conn(p);
+
+    c->in_msg = 1;
+    c->req_len = c->url_off = c->url_len = c->body_off = c->body_len = 0;
+    c->seen = 0;
+    c->head_bytes = 0;
+    c->nheaders = 0;
+    c->cur_hdr = H_OTHER;
+    c->hname_len = 0;
+    c->tag = 0;
+    list_add(c, TL_REQUEST);
+    return 0;
+}
+
+static int on_url(llhttp_t *p, const char *at, size_t len)
+{
+    pl_conn *c = parser_conn(p);
+
+    if (c->url_len + len > c->http->limits.max_url_bytes)
+        return fail(c, 414, "request target too long");
+    if (count_head(c, len) != 0)
+        return -1;
+    c->url_len += (uint32_t)len;
+    return arena_put(c, at, len) == 0 ? 0 : fail(c, 503, "out of memory");
+}
+
+static int on_header_field(llhttp_t *p, const char *at, size_t len)
+{
+    pl_conn *c = parser_conn(p);
+
+    if (count_head(c, len + 4) != 0) /* ": " and CRLF */
+        return -1;
+    for (size_t i = 0; i < len; i++) {
+        if (c->hname_len >= sizeof(c->hname)) {
+            c->hname_len = sizeof(c->hname) + 1; /* too long to be one of ours */
+            break;
+        }
+        c->hname[c->hname_len++] = at[i];
+    }
+    return 0;
+}
+
+static int on_header_field_complete(llhttp_t *p)
+{
+    pl_conn *c = parser_conn(p);
+
+    c->cur_hdr = H_OTHER;
+    if (++c->nheaders > MAX_HEADERS)
+        return fail(c, 431, "too many request headers");
+    for (size_t i = 0; i < sizeof(known_headers) / sizeof(known_headers[0]); i++) {
+        if (strlen(known_headers[i].name) == c->hname_len &&
+            strncasecmp(known_headers[i].name, c->hname, c->hname_len) == 0) {
+            uint8_t id = known_headers[i].id;
+            if (c->seen & (1u << id))
+                return fail(c, 400, "duplicate header");
+            c->seen |= 1u << id;
+            c->cur_hdr = id;
+            c->hdr_off[id] = c->req_len;
+            c->hdr_len[id] = 0;
+            break;
+        }
+    }
+    c->hname_len = 0;
+    return 0;
+}
+
+static int on_header_value(llhttp_t *p, const char *at, size_t len)
+{
+    pl_conn *c = parser_conn(p);
+
+    if (count_head(c, len) != 0)
+        return -1;
+    if (c->cur_hdr == H_OTHER)
+        return 0;
+    c->hdr_len[c->cur_hdr] += (uint32_t)len;
+    return arena_put(c, at, len) == 0 ? 0 : fail(c, 503, "out of memory");
+}
+
+static int on_header_value_complete(llhttp_t *p)
+{
+    pl_conn *c = parser_conn(p);
+
+    if (c->cur_hdr != H_OTHER) {
+        uint32_t *len = &c->hdr_len[c->cur_hdr];
+        const char *v = c->req + c->hdr_off[c->cur_hdr];
+        while (*len > 0 && (v[*len - 1] == ' ' || v[*len - 1] == '\t'))
+            (*len)--;
+    }
+    c->cur_hdr = H_OTHER;
+    return 0;
+}
+
+static int expects_body(const llhttp_t *p)
+{
+    return (p->flags & F_CHUNKED) || p->content_length > 0;
+}
+
+static int on_headers_complete(llhttp_t *p)
+{
+    pl_conn *c = parser_conn(p);
+    const pl_http_limits *lim = &c->http->limits;
+
+    c->keep_alive = llhttp_should_keep_alive(p) && !p->upgrade;
+    if (p->http_major == 1 && p->http_minor >= 1 && !(c->seen & (1u << H_HOST)))
+        return fail(c, 400, "missing Host header");
+    if ((p->flags & F_CONTENT_LENGTH) && p->content_length > lim->max_body_bytes)
+        return fail(c, 413, "request body too large");
+    if (c->seen & (1u << H_EXPECT)) {
+        static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
+        uv_buf_t b = uv_buf_init((char *)cont, sizeof(cont) - 1);
+        if (c->hdr_len[H_EXPECT] != 12 ||
+            strncasecmp(c->req + c->hdr_off[H_EXPECT], "100-continue", 12) != 0)
+            return fail(c, 417, "unsupported Expect header");
+        if (expects_body(p) && conn_write(c, &b, 1) != 0)
+            return fail(c, 0, NULL);
+    }
+    c->body_off = c->req_len;
+    list_add(c, TL_REQUEST); /* a fresh deadline for the body */
+    return 0;
+}
+
+static int on_body(llhttp_t *p, const char *at, size_t len)
+{
+    pl_conn *c = parser_conn(p);
+
+    if (c->body_len + len > c->http->limits.max_body_bytes)
+        return fail(c, 413, "request body too large");
+    c->body_len += (uint32_t)len;
+    return arena_put(c, at, len) == 0 ? 0 : fail(c, 503, "out of memory");
+}
+
+static int on_message_complete(llhttp_t *p)
+{
+    parser_conn(p)->in_msg = 0;
+    return HPE_PAUSED; /* one request at a time: see conn_execute() */
+}
+
+/* ---- the request path ---- */
+
+static void conn_dispatch(pl_conn *c)
+{
+    pl_http *h = c->http;
+    pl_request req;
+    const char *q;
+
+    memset(&req, 0, sizeof(req));
+    req.method = c->parser.method;
+    req.path = c->req + c->url_off;
+    q = memchr(req.path, '?', c->url_len);
+    req.path_len = q ? (size_t)(q - req.path) : c->url_len;
+    for (int i = 0; i < PL_HDR__COUNT; i++) {
+        if (c->seen & (1u << i)) {
+            req.header[i] = c->req + c->hdr_off[i];
+            req.header_len[i] = c->hdr_len[i];
+        }
+    }
+    req.body = c->req + c->body_off;
+    req.body_len = c->body_len;
+    list_remove(c);
+    c->pending = 1;
+    h->cb.on_request(h->app, c, &req);
+    if (c->pending)
+        arena_release(c); /* a parked poll keeps no request bytes */
+}
+
+static void conn_parse_error(pl_conn *c, llhttp_errno_t err)
+{
+    int status = c->err_status ? c->err_status : 400;
+
+    if (status == 0)
+        return;
+    PL_LOG(PL_LOG_DEBUG, "bad request", "\"status\":%d,\"reason\":\"%s\"",
+           status, llhttp_errno_name(err));
+    respond_own(c, status, c->err_msg ? c->err_msg : "malformed HTTP request");
+}
+
+/* Parses <len> bytes at <data>. Returns how many were used: fewer when a
+ * request went pending (the rest waits for its answer) or the connection
+ * ended. */
+static size_t conn_execute(pl_conn *c, const char *data, size_t len)
+{
+    size_t off = 0;
+
+    c->in_parse = 1;
+    while (off < len && !c->pending && !c->closing && !c->finishing) {
+        llhttp_errno_t err = llhttp_execute(&c->parser, data + off, len - off);
+        if (err == HPE_OK) {
+            off = len;
+            break;
+        }
+        if (err != HPE_PAUSED) {
+            conn_parse_error(c, err);
+            off = len;
+            break;
+        }
+        off = (size_t)(llhttp_get_error_pos(&c->parser) - data);
+        llhttp_resume(&c->parser);
+        conn_dispatch(c);
+    }
+    c->in_parse = 0;
+    return off;
+}
+
+static int in_append(pl_conn *c, const char *data, size_t len)
+{
+    if (c->in_len + len > c->in_cap) {
+        size_t cap = c->in_cap ? c->in_cap : 1024;
+        char *p;
+        while (cap < c->in_len + len)
+            cap *= 2;
+        p = pl_realloc(c->in, cap);
+        if (p == NULL)
+            return -1;
+        c->in = p;
+        c->in_cap = (uint32_t)cap;
+    }
+    memcpy(c->in + c->in_len, data, len);
+    c->in_len += (uint32_t)len;
+    return 0;
+}
+
+static void in_consume(pl_conn *c, size_t used)
+{
+    c->in_len -= (uint32_t)used;
+    if (c->in_len == 0) {
+        pl_free(c->in);
+        c->in = NULL;
+        c->in_cap = 0;
+    } else {
+        memmove(c->in, c->in + used, c->in_len);
+    }
+}
+
+static void conn_process_buffered(pl_conn *c)
+{
+    size_t used = conn_execute(c, c->in, c->in_len);
+
+    if (!c->closing)
+        in_consume(c, used);
+}
+
+static void resume_cb(uv_idle_t *idle)
+{
+    pl_http *h = container_of(idle, pl_http, resume);
+    conn_list *l = &h->lists[TL_RESUME];
+
+    while (l->head) {
+        pl_conn *c = l->head;
+        list_add(c, TL_IDLE); /* until its next request begins */
+        conn_process_buffered(c);
+    }
+    uv_idle_stop(idle);
+}
+
+static void alloc_cb(uv_handle_t *handle, size_t suggested, uv_buf_t *buf)
+{
+    pl_conn *c = container_of(handle, pl_conn, tcp);
+
+    (void)suggested;
+    *buf = uv_buf_init(c->http->readbuf, READ_BUFFER_SIZE);
+}
+
+static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+{
+    pl_conn *c = container_of(s, pl_conn, tcp);
+    size_t used;
+
+    if (nread < 0) {
+        conn_close(c); /* EOF or error: a parked poll settles as disconnect */
+        return;
+    }
+    if (nread == 0 || c->finishing || c->closing)
+        return; /* lingering: drop what arrives */
+    if (c->pending || c->in_len > 0) {
+        /* Pipelined behind an unanswered request: keep it, bounded. */
+        if ((c->pending && c->in_len + (size_t)nread > c->http->limits.max_header_bytes) ||
+            in_append(c, buf->base, (size_t)nread) != 0) {
+            conn_close(c);
+            return;
+        }
+        if (!c->pending && c->list != TL_RESUME)
+            conn_process_buffered(c);
+        return;
+    }
+    used = conn_execute(c, buf->base, (size_t)nread);
+    if (used < (size_t)nread && !c->closing && !c->finishing &&
+        in_append(c, buf->base + used, (size_t)nread - used) != 0)
+        conn_close(c);
+}
+
+/* ---- connections ---- */
+
+static void on_closed(uv_handle_t *handle)
+{
+    pl_conn *c = container_of(handle, pl_conn, tcp);
+    pl_http *h = c->http;
+
+    pl_free(c->in);
+    pl_free(c->req);
+    pl_free(c);
+    h->nconns--;
+    if (h->draining && h->nconns == 0 && h->drained)
+        h->drained(h->drained_arg);
+}
+
+static void conn_close(pl_conn *c)
+{
+    pl_http *h = c->http;
+
+    if (c->closing)
+        return;
+    c->closing = 1;
+    list_remove(c);
+    if (c->data != NULL && h->cb.on_close)
+        h->cb.on_close(h->app, c);
+    uv_close((uv_handle_t *)&c->tcp, on_closed);
+}
+
+void pl_conn_close(pl_conn *c)
+{
+    conn_close(c);
+}
+
+void pl_conn_set_tag(pl_conn *c, unsigned tag)
+{
+    c->tag = (uint8_t)tag;
+}
+
+void pl_conn_set_data(pl_conn *c, void *data)
+{
+    c->data = data;
+}
+
+void *pl_conn_data(const pl_conn *c)
+{
+    return c->data;
+}
+
+size_t pl_conn_size(void)
+{
+    return sizeof(pl_conn);
+}
+
+static void on_connection(uv_stream_t *server, int status)
+{
+    pl_http *h = container_of(server, pl_http, listener);
+    pl_conn *c;
+
+    if (status < 0) {
+        /* Out of descriptors: libuv has already shed the pending
+         * connection, so this cannot spin. Say so once a second. */
+        uint64_t now = uv_now(h->loop);
+        if (now - h->last_accept_error >= 1000) {
+            h->last_accept_error = now;
+            PL_LOG(PL_LOG_WARN, "accept failed", "\"error\":\"%s\"", uv_strerror(status));
+        }
+        return;
+    }
+    c = pl_malloc(sizeof(*c));
+    if (c == NULL) {
+        PL_LOG(PL_LOG_ERROR, "out of memory accepting a connection", NULL);
+        return;
+    }
+    memset(c, 0, sizeof(*c));
+    c->http = h;
+    uv_tcp_init(h->loop, &c->tcp);
+    h->nconns++;
+    if (uv_accept(server, (uv_stream_t *)&c->tcp) != 0) {
+        conn_close(c);
+        return;
+    }
+    c->tcp.data = h; /* marks it as one of ours for close_walk() */
+    llhttp_init(&c->parser, HTTP_REQUEST, &h->settings);
+    uv_tcp_nodelay(&c->tcp, 1);
+    list_add(c, TL_REQUEST);
+    if (uv_read_start((uv_stream_t *)&c->tcp, alloc_cb, on_read) != 0)
+        conn_close(c);
+    else if (h->nconns > h->limits.max_connections || h->draining)
+        respond_own(c, 503, "too many connections");
+}
+
+/* ---- the server ---- */
+
+pl_http *pl_http_new(uv_loop_t *loop, const pl_http_limits *limits,
+                     const pl_http_callbacks *cb, void *app)
+{
+    pl_http *h = pl_malloc(sizeof(*h));
+
+    if (h == NULL)
+        return NULL;
+    memset(h, 0, offsetof(pl_http, readbuf));
+    h->loop = loop;
+    h->limits = *limits;
+    h->cb = *cb;
+    h->app = app;
+    h->timeouts[TL_REQUEST] = limits->header_timeout_ms;
+    h->timeouts[TL_IDLE] = limits->idle_timeout_ms;
+    h->timeouts[TL_LINGER] = LINGER_MS;
+    llhttp_settings_init(&h->settings);
+    h->settings.on_message_begin = on_message_begin;
+    h->settings.on_url = on_url;
+    h->settings.on_header_field = on_header_field;
+    h->settings.on_header_field_complete = on_header_field_complete;
+    h->settings.on_header_value = on_header_value;
+    h->settings.on_header_value_complete = on_header_value_complete;
+    h->settings.on_headers_complete = on_headers_complete;
+    h->settings.on_body = on_body;
+    h->settings.on_message_complete = on_message_complete;
+    uv_timer_init(loop, &h->timer);
+    uv_idle_init(loop, &h->resume);
+    uv_tcp_init(loop, &h->listener);
+    return h;
+}
+
+int pl_http_listen(pl_http *h, const char *host, uint16_t port,
+                   uint16_t *bound_port)
+{
+    struct sockaddr_storage ss;
+    int len = sizeof(ss), rc;
+
+    if (uv_ip4_addr(host, port, (struct sockaddr_in *)&ss) != 0 &&
+        (rc = uv_ip6_addr(host, port, (struct sockaddr_in6 *)&ss)) != 0)
+        return rc;
+    rc = uv_tcp_bind(&h->listener, (const struct sockaddr *)&ss, 0);
+    if (rc == 0)
+        rc = uv_listen((uv_stream_t *)&h->listener, 4096, on_connection);
+    if (rc == 0)
+        rc = uv_tcp_getsockname(&h->listener, (struct sockaddr *)&ss, &len);
+    if (rc != 0)
+        return rc;
+    h->listening = 1;
+    *bound_port = ntohs(ss.ss_family == AF_INET
+                            ? ((struct sockaddr_in *)&ss)->sin_port
+                            : ((struct sockaddr_in6 *)&ss)->sin6_port);
+    return 0;
+}
+
+static void close_listener(pl_http *h)
+{
+    if (!uv_is_closing((uv_handle_t *)&h->listener))
+        uv_close((uv_handle_t *)&h->listener, NULL);
+}
+
+void pl_http_drain(pl_http *h, void (*done)(void *arg), void *arg)
+{
+    conn_list *idle = &h->lists[TL_IDLE], *req = &h->lists[TL_REQUEST];
+    pl_conn *c, *next;
+
+    h->draining = 1;
+    h->drained = done;
+    h->drained_arg = arg;
+    close_listener(h);
+    while (idle->head)
+        conn_close(idle->head);
+    for (c = req->head; c; c = next) {
+        next = c->lnext;
+        if (!c->in_msg)
+            conn_close(c);
+    }
+    if (h->nconns == 0 && done)
+        done(arg);
+}
+
+static void close_walk(uv_handle_t *handle, void *arg)
+{
+    pl_http *h = arg;
+
+    if (handle->type == UV_TCP && handle->data == h && !uv_is_closing(handle))
+        conn_close(container_of(handle, pl_conn, tcp));
+}
+
+void pl_http_close_all(pl_http *h)
+{
+    uv_walk(h->loop, close_walk, h);
+}
+
+void pl_http_stop(pl_http *h)
+{
+    close_listener(h);
+    uv_close((uv_handle_t *)&h->timer, NULL);
+    uv_close((uv_handle_t *)&h->resume, NULL);
+}
+
+void pl_http_free(pl_http *h)
+{
+    pl_free(h);
+}
+
+uint64_t pl_http_connections(const pl_http *h)
+{
+    return h->nconns;
+}

@@ -1,0 +1,90 @@
+/* key.c -- parsing and canonical encoding of the match key. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pilotlight/key.h"
+
+static int is_digit(char c)
+{
+    return c >= '0' && c <= '9';
+}
+
+/* Returns 1 when s[0..len) is a number in JSON's grammar: what JavaScript's
+ * String(number) writes for the sizes controllers send. */
+static int json_number_syntax(const char *s, size_t len)
+{
+    size_t i = 0;
+
+    if (i < len && s[i] == '-')
+        i++;
+    if (i < len && s[i] == '0')
+        i++;
+    else if (i < len && is_digit(s[i]))
+        while (i < len && is_digit(s[i]))
+            i++;
+    else
+        return 0;
+    if (i < len && s[i] == '.') {
+        if (++i >= len || !is_digit(s[i]))
+            return 0;
+        while (i < len && is_digit(s[i]))
+            i++;
+    }
+    if (i < len && (s[i] == 'e' || s[i] == 'E')) {
+        i++;
+        if (i < len && (s[i] == '+' || s[i] == '-'))
+            i++;
+        if (i >= len || !is_digit(s[i]))
+            return 0;
+        while (i < len && is_digit(s[i]))
+            i++;
+    }
+    return i == len;
+}
+
+int pl_key_parse_number(const char *s, size_t len, double *out)
+{
+    char buf[64];
+    double v;
+
+    if (len == 0 || len >= sizeof(buf) || !json_number_syntax(s, len))
+        return -1;
+    memcpy(buf, s, len);
+    buf[len] = '\0';
+    v = strtod(buf, NULL);
+    if (!isfinite(v))
+        return -1;
+    *out = v == 0 ? 0 : v; /* -0 and 0 are one key */
+    return 0;
+}
+
+static unsigned char *put_number(unsigned char *p, double v)
+{
+    if (v == 0)
+        v = 0;
+    memcpy(p, &v, sizeof(v));
+    return p + sizeof(v);
+}
+
+size_t pl_key_encode(const pl_key *k, unsigned char *buf)
+{
+    unsigned char *p = buf;
+    uint16_t dlen;
+
+    if (k->deployment_len == 0 || k->deployment_len > PL_KEY_FIELD_MAX ||
+        k->version_len == 0 || k->version_len > PL_KEY_FIELD_MAX)
+        return 0;
+    p = put_number(p, k->cpu);
+    p = put_number(p, k->memory);
+    /* The deployment's length goes first so no (deployment, version) split
+     * of the same bytes can collide. */
+    dlen = (uint16_t)k->deployment_len;
+    memcpy(p, &dlen, sizeof(dlen));
+    p += sizeof(dlen);
+    memcpy(p, k->deployment, k->deployment_len);
+    p += k->deployment_len;
+    memcpy(p, k->version, k->version_len);
+    p += k->version_len;
+    return (size_t)(p - buf);
+}

@@ -1,0 +1,117 @@
+/* metrics.c -- Prometheus text exposition of the broker's counters. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "pilotlight/metrics.h"
+
+static const double dispatch_bounds[] = {
+    0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001,
+    0.0025, 0.005, 0.01, 0.025, 0.1, 1,
+};
+static const double wait_bounds[] = {
+    0.001, 0.01, 0.1, 0.5, 1, 5, 10, 30, 60, 120, 300, 600,
+};
+
+static const char *const route_names[PL_ROUTE__COUNT] = {
+    "other", "connect", "park", "dispatch", "healthz", "readyz", "metrics",
+};
+static const char *const result_names[PL_DISPATCH__COUNT] = {"hit", "miss", "invalid"};
+
+void pl_metrics_init(pl_metrics *m)
+{
+    memset(m, 0, sizeof(*m));
+    m->dispatch_seconds.bounds = dispatch_bounds;
+    m->dispatch_seconds.nbounds = sizeof(dispatch_bounds) / sizeof(double);
+    m->wait_seconds.bounds = wait_bounds;
+    m->wait_seconds.nbounds = sizeof(wait_bounds) / sizeof(double);
+}
+
+void pl_metrics_observe(pl_histogram *h, double seconds)
+{
+    size_t i = 0;
+
+    while (i < h->nbounds && seconds > h->bounds[i])
+        i++;
+    h->counts[i]++; /* i == nbounds: only in +Inf */
+    h->count++;
+    h->sum += seconds;
+}
+
+typedef struct {
+    char *buf;
+    size_t cap, len;
+    int overflow;
+} out_t;
+
+static void emit(out_t *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void emit(out_t *o, const char *fmt, ...)
+{
+    va_list ap;
+    int n;
+
+    if (o->overflow)
+        return;
+    va_start(ap, fmt);
+    n = vsnprintf(o->buf + o->len, o->cap - o->len, fmt, ap);
+    va_end(ap);
+    if (n < 0 || (size_t)n >= o->cap - o->len)
+        o->overflow = 1;
+    else
+        o->len += (size_t)n;
+}
+
+static void emit_histogram(out_t *o, const char *name, const char *help,
+                           const pl_histogram *h)
+{
+    uint64_t cum = 0;
+
+    emit(o, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    for (size_t i = 0; i < h->nbounds; i++) {
+        cum += h->counts[i];
+        emit(o, "%s_bucket{le=\"%g\"} %llu\n", name, h->bounds[i], (unsigned long long)cum);
+    }
+    emit(o, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.9g\n%s_count %llu\n", name,
+         (unsigned long long)h->count, name, h->sum, name, (unsigned long long)h->count);
+}
+
+size_t pl_metrics_render(const pl_metrics *m, const pl_ledger *l, size_t keys,
+                         char *buf, size_t cap)
+{
+    out_t o = {buf, cap, 0, 0};
+
+    emit(&o, "# HELP pilotlight_parked_now Polls parked now.\n"
+             "# TYPE pilotlight_parked_now gauge\npilotlight_parked_now %llu\n",
+         (unsigned long long)l->parked_now);
+    emit(&o, "# HELP pilotlight_keys_now Distinct keys with a parked poll.\n"
+             "# TYPE pilotlight_keys_now gauge\npilotlight_keys_now %zu\n", keys);
+    emit(&o, "# HELP pilotlight_parked_total Polls that reached the engine, rejected ones included.\n"
+             "# TYPE pilotlight_parked_total counter\npilotlight_parked_total %llu\n",
+         (unsigned long long)l->parked_total);
+    emit(&o, "# HELP pilotlight_settled_total Polls ended, by outcome.\n"
+             "# TYPE pilotlight_settled_total counter\n");
+    for (int i = 0; i < PL_OUTCOME__COUNT; i++)
+        emit(&o, "pilotlight_settled_total{outcome=\"%s\"} %llu\n",
+             pl_outcome_name((pl_outcome)i), (unsigned long long)l->settled[i]);
+    emit(&o, "# HELP pilotlight_dispatch_total Dispatches, by result.\n"
+             "# TYPE pilotlight_dispatch_total counter\n");
+    for (int i = 0; i < PL_DISPATCH__COUNT; i++)
+        emit(&o, "pilotlight_dispatch_total{result=\"%s\"} %llu\n", result_names[i],
+             (unsigned long long)m->dispatch[i]);
+    emit(&o, "# HELP pilotlight_http_requests_total HTTP responses, by route and status class.\n"
+             "# TYPE pilotlight_http_requests_total counter\n");
+    for (int r = 0; r < PL_ROUTE__COUNT; r++)
+        for (int c = 0; c < 5; c++)
+            emit(&o, "pilotlight_http_requests_total{route=\"%s\",class=\"%dxx\"} %llu\n",
+                 route_names[r], c + 1, (unsigned long long)m->http[r][c]);
+    emit(&o, "# HELP pilotlight_connections_open Open client connections.\n"
+             "# TYPE pilotlight_connections_open gauge\npilotlight_connections_open %llu\n",
+         (unsigned long long)m->connections_open);
+    emit_histogram(&o, "pilotlight_dispatch_duration_seconds",
+                   "Time to handle a dispatch, body received to answer queued.",
+                   &m->dispatch_seconds);
+    emit_histogram(&o, "pilotlight_wait_duration_seconds",
+                   "How long matched polls were parked.", &m->wait_seconds);
+    return o.overflow ? 0 : o.len;
+}

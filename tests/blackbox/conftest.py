@@ -1,0 +1,639 @@
+"""Black-box harness for pilotlight: start the real binary, talk real HTTP.
+
+Everything here uses the standard library only. Each test gets its own server
+(via the `server` / `start_server` fixtures) bound to 127.0.0.1:0; the port is
+read from the "listening" JSON log line. On teardown the server gets SIGTERM
+and must exit 0 with no sanitizer report on stderr.
+"""
+
+import copy
+import json
+import os
+import re
+import resource
+import select
+import signal
+import socket
+import struct
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+BIN = os.environ.get("PILOTLIGHT_BIN", str(REPO_ROOT / "build" / "pilotlight"))
+HOST = "127.0.0.1"
+
+# Sockets and servers get generous bounds: the suite also runs under ASan.
+IO_TIMEOUT = 5.0
+START_TIMEOUT = 10.0
+STOP_TIMEOUT = 12.0
+SANITIZER_MARKS = ("AddressSanitizer", "runtime error:", "LeakSanitizer")
+
+# 1,000 parked polls need more descriptors than the usual soft limit of 1024,
+# in this process and in the server (which inherits the limit).
+_soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+_want = 8192 if _hard == resource.RLIM_INFINITY else min(_hard, 8192)
+if _soft != resource.RLIM_INFINITY and _soft < _want:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (_want, _hard))
+
+
+# --------------------------------------------------------------------------
+# The example DequeuedMessage and messages derived from it
+# --------------------------------------------------------------------------
+
+def _load_example():
+    for p in (REPO_ROOT.parent / "shared" / "examples" / "dequeued-message.json",
+              Path(__file__).resolve().parent / "data" / "dequeued-message.json"):
+        if p.is_file():
+            with open(p, "rb") as f:
+                return json.loads(f.read())
+    raise RuntimeError("dequeued-message.json not found")
+
+
+EXAMPLE = _load_example()
+EX_DEPLOYMENT = EXAMPLE["deployment"]["friendlyId"]
+EX_VERSION = EXAMPLE["backgroundWorker"]["version"]
+EX_CPU = EXAMPLE["run"]["machine"]["cpu"]
+EX_MEMORY = EXAMPLE["run"]["machine"]["memory"]
+
+
+def js_number(v):
+    """JavaScript String(number) for the small values controllers send."""
+    if float(v).is_integer():
+        return str(int(v))
+    return repr(float(v))
+
+
+def make_message(deployment=None, version=None, cpu=None, memory=None,
+                 run_id=None):
+    """A deep copy of the example with the given key fields / run id set."""
+    m = copy.deepcopy(EXAMPLE)
+    if deployment is not None:
+        m["deployment"]["friendlyId"] = deployment
+    if version is not None:
+        m["backgroundWorker"]["version"] = version
+    if cpu is not None:
+        m["run"]["machine"]["cpu"] = cpu
+    if memory is not None:
+        m["run"]["machine"]["memory"] = memory
+    if run_id is not None:
+        m["run"]["friendlyId"] = run_id
+    return m
+
+
+def key_of(i, prefix="deployment_k"):
+    """Key number <i> as (deployment, version, cpu, memory)."""
+    return (f"{prefix}{i}", "20261130.1", 0.5, 1)
+
+
+# --------------------------------------------------------------------------
+# Raw HTTP
+# --------------------------------------------------------------------------
+
+class Response:
+    def __init__(self, version, status, reason, headers, body):
+        self.version = version
+        self.status = status
+        self.reason = reason
+        self.header_list = headers          # [(name, value)] as received
+        self.headers = {}                   # lower-case name -> joined value
+        for k, v in headers:
+            k = k.lower()
+            self.headers[k] = v if k not in self.headers else self.headers[k] + ", " + v
+        self.body = body
+
+    def json(self):
+        return json.loads(self.body.decode("utf-8"))
+
+    def __repr__(self):
+        return f"<Response {self.status} {self.reason!r} {self.headers} {self.body[:200]!r}>"
+
+
+class ConnectionClosed(Exception):
+    pass
+
+
+def build_request(method, path, headers=None, body=None, version="HTTP/1.1",
+                  host=True):
+    """Request bytes. <headers> is a list of pairs or a dict; Content-Length
+    is added for a bytes body unless a length or chunked encoding is given."""
+    items = list(headers.items()) if isinstance(headers, dict) else list(headers or [])
+    names = {k.lower() for k, _ in items}
+    if host and "host" not in names:
+        items.insert(0, ("Host", "pilotlight.test"))
+    if isinstance(body, str):
+        body = body.encode()
+    if body is not None and "content-length" not in names \
+            and "transfer-encoding" not in names:
+        items.append(("Content-Length", str(len(body))))
+    head = f"{method} {path} {version}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in items) + "\r\n"
+    return head.encode("latin-1") + (body or b"")
+
+
+class Conn:
+    """One client connection with a receive buffer, so pipelined responses
+    and interim (1xx) responses can be read one by one."""
+
+    def __init__(self, port, timeout=IO_TIMEOUT):
+        self.sock = socket.create_connection((HOST, port), timeout=timeout)
+        self.buf = b""
+        self.eof = False
+        self.timeout = timeout
+
+    # -- sending
+    def send(self, data):
+        self.sock.sendall(data)
+
+    def request(self, method, path, headers=None, body=None, **kw):
+        self.send(build_request(method, path, headers, body, **kw))
+
+    # -- receiving
+    def _fill(self, deadline):
+        if self.eof:
+            raise ConnectionClosed("connection closed by server")
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise socket.timeout("timed out waiting for the server")
+        self.sock.settimeout(left)
+        try:
+            data = self.sock.recv(65536)
+        except ConnectionResetError:
+            data = b""
+        if not data:
+            self.eof = True
+            raise ConnectionClosed("connection closed by server")
+        self.buf += data
+
+    def _read_until(self, marker, deadline):
+        while marker not in self.buf:
+            self._fill(deadline)
+        i = self.buf.index(marker) + len(marker)
+        out, self.buf = self.buf[:i], self.buf[i:]
+        return out
+
+    def _read_exact(self, n, deadline):
+        while len(self.buf) < n:
+            self._fill(deadline)
+        out, self.buf = self.buf[:n], self.buf[n:]
+        return out
+
+    def read_response(self, timeout=None, head_request=False):
+        """Reads one response (a 1xx interim response counts as one)."""
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        head = self._read_until(b"\r\n\r\n", deadline).decode("latin-1")
+        lines = head[:-4].split("\r\n")
+        parts = lines[0].split(" ", 2)
+        assert len(parts) >= 2 and parts[0].startswith("HTTP/"), f"bad status line {lines[0]!r}"
+        version, status = parts[0], int(parts[1])
+        reason = parts[2] if len(parts) > 2 else ""
+        headers = []
+        for ln in lines[1:]:
+            k, sep, v = ln.partition(":")
+            assert sep, f"bad header line {ln!r}"
+            headers.append((k.strip(), v.strip()))
+        resp = Response(version, status, reason, headers, b"")
+        if 100 <= status < 200 or status in (204, 304) or head_request:
+            return resp
+        te = resp.headers.get("transfer-encoding", "").lower()
+        if "chunked" in te:
+            body = b""
+            while True:
+                size_line = self._read_until(b"\r\n", deadline)
+                size = int(size_line.split(b";")[0].strip(), 16)
+                if size == 0:  # trailers up to an empty line
+                    while self._read_until(b"\r\n", deadline) != b"\r\n":
+                        pass
+                    break
+                body += self._read_exact(size, deadline)
+                self._read_exact(2, deadline)
+            resp.body = body
+        elif "content-length" in resp.headers:
+            resp.body = self._read_exact(int(resp.headers["content-length"]), deadline)
+        else:
+            while True:
+                try:
+                    self._fill(deadline)
+                except ConnectionClosed:
+                    break
+            resp.body, self.buf = self.buf, b""
+        return resp
+
+    def silent_for(self, seconds):
+        """True if nothing arrives (no bytes, no close) for <seconds>."""
+        if self.buf or self.eof:
+            return False
+        r, _, _ = select.select([self.sock], [], [], seconds)
+        if not r:
+            return True
+        try:
+            self.sock.settimeout(0.5)
+            data = self.sock.recv(65536)
+        except ConnectionResetError:
+            data = b""
+        if not data:
+            self.eof = True
+        self.buf += data
+        return False
+
+    def wait_closed(self, timeout=IO_TIMEOUT):
+        """Waits for the server to close; returns the bytes received first
+        (b"" for a close without any response)."""
+        deadline = time.monotonic() + timeout
+        got = self.buf
+        self.buf = b""
+        while not self.eof:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise socket.timeout(f"server did not close; got {got[:200]!r}")
+            self.sock.settimeout(left)
+            try:
+                data = self.sock.recv(65536)
+            except ConnectionResetError:
+                data = b""
+            except socket.timeout:
+                continue
+            if not data:
+                self.eof = True
+            got += data
+        return got
+
+    def close(self, rst=False):
+        if self.sock.fileno() < 0:
+            return
+        if rst:  # SO_LINGER on, 0 s: close() sends RST
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                 struct.pack("ii", 1, 0))
+        self.sock.close()
+
+
+def request(port, method, path, headers=None, body=None, timeout=IO_TIMEOUT):
+    """One request on a fresh connection; returns the final response."""
+    c = Conn(port, timeout)
+    try:
+        c.request(method, path, headers, body)
+        r = c.read_response()
+        while 100 <= r.status < 200:
+            r = c.read_response()
+        return r
+    finally:
+        c.close()
+
+
+def get(port, path, headers=None):
+    return request(port, "GET", path, headers)
+
+
+def poll_headers(deployment=EX_DEPLOYMENT, version=EX_VERSION, cpu=EX_CPU,
+                 memory=EX_MEMORY, controller_id=None, omit=(), extra=None):
+    """Headers of a controller long-poll; numbers become JS strings."""
+    if controller_id is None:
+        poll_headers.n += 1
+        controller_id = f"controller_{os.getpid()}_{poll_headers.n}"
+    h = {
+        "x-trigger-workload-controller-id": controller_id,
+        "x-trigger-deployment-id": deployment,
+        "x-trigger-deployment-version": version,
+        "x-trigger-machine-cpu": cpu if isinstance(cpu, str) else js_number(cpu),
+        "x-trigger-machine-memory": memory if isinstance(memory, str) else js_number(memory),
+        "x-trigger-worker-instance-name": "node-1",
+    }
+    for k in omit:
+        del h[k]
+    h.update(extra or {})
+    return h
+
+
+poll_headers.n = 0
+
+
+# --------------------------------------------------------------------------
+# Metrics
+# --------------------------------------------------------------------------
+
+_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)(\s+\S+)?$')
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+class Metrics:
+    def __init__(self, text):
+        self.text = text
+        self.samples = {}   # (name, ((label, value), ...)) -> float
+        self.types = {}     # family name -> type
+        self.names = set()
+        for ln in text.splitlines():
+            ln = ln.strip()
+            if not ln:
+                continue
+            if ln.startswith("#"):
+                p = ln.split()
+                if len(p) >= 4 and p[1] == "TYPE":
+                    self.types[p[2]] = p[3]
+                continue
+            m = _SAMPLE.match(ln)
+            assert m, f"unparsable metrics line {ln!r}"
+            labels = tuple(sorted(_LABEL.findall(m.group(2) or "")))
+            self.samples[(m.group(1), labels)] = float(m.group(3))
+            self.names.add(m.group(1))
+
+    def get(self, name, **labels):
+        """Value of one sample; 0 if the family exists but not this label
+        set; KeyError if the family is missing altogether."""
+        if name not in self.names:
+            raise KeyError(f"metric {name} missing from /metrics")
+        return self.samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+    def sum(self, name, **labels):
+        if name not in self.names:
+            raise KeyError(f"metric {name} missing from /metrics")
+        want = set(labels.items())
+        return sum(v for (n, ls), v in self.samples.items()
+                   if n == name and want <= set(ls))
+
+    def settled(self, outcome):
+        return self.get("pilotlight_settled_total", outcome=outcome)
+
+    def dispatched(self, result):
+        return self.get("pilotlight_dispatch_total", result=result)
+
+    @property
+    def parked_now(self):
+        return self.get("pilotlight_parked_now")
+
+    @property
+    def parked_total(self):
+        return self.get("pilotlight_parked_total")
+
+    @property
+    def keys_now(self):
+        return self.get("pilotlight_keys_now")
+
+
+def scrape(port):
+    r = get(port, "/metrics")
+    assert r.status == 200, r
+    return Metrics(r.body.decode("utf-8"))
+
+
+def assert_ledger(m):
+    """parked_now + sum(settled_total) == parked_total."""
+    if not isinstance(m, Metrics):
+        m = scrape(m)
+    now, settled, total = m.parked_now, m.sum("pilotlight_settled_total"), m.parked_total
+    assert now + settled == total, \
+        f"ledger broken: parked_now {now} + settled {settled} != parked_total {total}"
+    return m
+
+
+def wait_metrics(port, pred, timeout=5.0, what="condition"):
+    """Scrapes until pred(metrics) is true; returns those metrics."""
+    deadline = time.monotonic() + timeout
+    while True:
+        m = scrape(port)
+        if pred(m):
+            return m
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}; metrics:\n{m.text}")
+        time.sleep(0.02)
+
+
+def wait_parked(port, n, timeout=5.0):
+    return wait_metrics(port, lambda m: m.parked_now == n, timeout,
+                        f"parked_now == {n}")
+
+
+# --------------------------------------------------------------------------
+# Controller polls and dispatches
+# --------------------------------------------------------------------------
+
+def park(port, wait=True, **kw):
+    """Sends a long-poll on its own connection and returns the Conn. With
+    <wait>, returns only once the poll reached the engine (parked_total
+    went up), so a later dispatch is ordered after it."""
+    before = scrape(port).parked_total if wait else 0
+    c = Conn(port)
+    c.request("GET", "/warm-start", poll_headers(**kw))
+    if wait:
+        wait_metrics(port, lambda m: m.parked_total >= before + 1,
+                     what="the poll to reach the engine")
+    return c
+
+
+def dispatch_raw(port, body, headers=None, conn=None):
+    """POST /warm-start with <body> (bytes/str, or an object sent as JSON)."""
+    if not isinstance(body, (bytes, str)):
+        body = json.dumps(body)
+    h = {"Content-Type": "application/json"}
+    h.update(headers or {})
+    if conn is not None:
+        conn.request("POST", "/warm-start", h, body)
+        return conn.read_response()
+    return request(port, "POST", "/warm-start", h, body)
+
+
+def dispatch(port, message=None, conn=None):
+    """Dispatches {"dequeuedMessage": message}; asserts a well-formed 200
+    and returns didWarmStart."""
+    if message is None:
+        message = EXAMPLE
+    r = dispatch_raw(port, {"dequeuedMessage": message}, conn=conn)
+    assert r.status == 200, r
+    body = r.json()
+    assert set(body) == {"didWarmStart"} and isinstance(body["didWarmStart"], bool), r
+    return body["didWarmStart"]
+
+
+def read_payload(conn, timeout=IO_TIMEOUT):
+    """Reads a matched poll's response; asserts 200 JSON; returns the object."""
+    r = conn.read_response(timeout=timeout)
+    assert r.status == 200, r
+    assert r.headers.get("content-type", "").split(";")[0].strip().lower() \
+        == "application/json", r
+    return r.json()
+
+
+# --------------------------------------------------------------------------
+# The server process
+# --------------------------------------------------------------------------
+
+def clean_env(extra=None):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PILOTLIGHT_")}
+    env.update(extra or {})
+    return env
+
+
+def check_sanitizers(text, what="pilotlight"):
+    for mark in SANITIZER_MARKS:
+        assert mark not in text, f"{what}: sanitizer report on stderr:\n{text[-6000:]}"
+
+
+class Server:
+    def __init__(self, args=(), env=None, listen=True):
+        self.args = [BIN] + (["--listen", f"{HOST}:0"] if listen else []) + list(args)
+        self.errf = tempfile.TemporaryFile()
+        self.outf = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(self.args, stdin=subprocess.DEVNULL,
+                                     stdout=self.outf, stderr=self.errf,
+                                     env=clean_env(env))
+        self.port = None
+        self.address = None
+        self.conns = []
+        self.stopped = False
+        self._wait_listening()
+
+    def stderr(self):
+        self.errf.seek(0)
+        return self.errf.read().decode("utf-8", "replace")
+
+    def log_lines(self):
+        out = []
+        for ln in self.stderr().splitlines():
+            try:
+                out.append(json.loads(ln))
+            except ValueError:
+                pass
+        return out
+
+    def _wait_listening(self):
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            for rec in self.log_lines():
+                if rec.get("msg") == "listening" and "address" in rec:
+                    self.address = rec["address"]
+                    self.port = int(self.address.rsplit(":", 1)[1])
+                    return
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.01)
+        rc = self.proc.poll()
+        if rc is None:
+            self.proc.kill()
+            self.proc.wait()
+        raise AssertionError(f"no 'listening' log line (exit {rc}); args {self.args}; "
+                             f"stderr:\n{self.stderr()[-4000:]}")
+
+    def sigterm(self):
+        self.proc.send_signal(signal.SIGTERM)
+
+    def wait_exit(self, timeout=STOP_TIMEOUT):
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(f"pilotlight did not exit within {timeout}s of SIGTERM; "
+                                 f"stderr:\n{self.stderr()[-4000:]}")
+
+    def stop(self):
+        """SIGTERM (if still running), bounded wait; asserts exit 0 and a
+        clean stderr."""
+        if self.stopped:
+            return
+        self.stopped = True
+        try:
+            if self.proc.poll() is None:
+                self.sigterm()
+            rc = self.wait_exit()
+        finally:
+            for c in self.conns:
+                c.close()
+        err = self.stderr()
+        check_sanitizers(err)
+        assert rc == 0, f"pilotlight exited {rc}; stderr:\n{err[-4000:]}"
+
+    # -- conveniences bound to this server's port
+    def conn(self):
+        c = Conn(self.port)
+        self.conns.append(c)
+        return c
+
+    def park(self, wait=True, **kw):
+        c = park(self.port, wait=wait, **kw)
+        self.conns.append(c)
+        return c
+
+    def get(self, path, headers=None):
+        return get(self.port, path, headers)
+
+    def request(self, method, path, headers=None, body=None):
+        return request(self.port, method, path, headers, body)
+
+    def dispatch(self, message=None, conn=None):
+        return dispatch(self.port, message, conn)
+
+    def dispatch_raw(self, body, headers=None, conn=None):
+        return dispatch_raw(self.port, body, headers, conn)
+
+    def metrics(self):
+        return scrape(self.port)
+
+    def wait_parked(self, n, timeout=5.0):
+        return wait_parked(self.port, n, timeout)
+
+    def wait_metrics(self, pred, timeout=5.0, what="condition"):
+        return wait_metrics(self.port, pred, timeout, what)
+
+
+@pytest.fixture
+def start_server():
+    """start_server(*flags, env={...}) -> Server. All servers started are
+    stopped at teardown: clients closed, the ledger checked while still
+    running, then SIGTERM, exit code 0, no sanitizer report."""
+    servers = []
+
+    def start(*args, env=None):
+        if not os.access(BIN, os.X_OK):
+            pytest.fail(f"pilotlight binary not found at {BIN} (set PILOTLIGHT_BIN)")
+        s = Server(args, env)
+        servers.append(s)
+        return s
+
+    yield start
+    errors = []
+    for s in servers:
+        try:
+            if not s.stopped and s.proc.poll() is None:
+                for c in s.conns:
+                    c.close()
+                assert_ledger(s.port)
+        except Exception as e:  # still stop the server
+            errors.append(e)
+        try:
+            s.stop()
+        except Exception as e:
+            errors.append(e)
+    if errors:
+        raise errors[0]
+
+
+@pytest.fixture
+def server(start_server):
+    """A server with default settings."""
+    return start_server()
+
+
+def run_binary(*args, env=None, timeout=5.0):
+    """Runs pilotlight to completion (for --help, --check-config, bad
+    config); returns (rc, stdout, stderr). A run that does not finish within
+    <timeout> is killed and fails the test."""
+    if not os.access(BIN, os.X_OK):
+        pytest.fail(f"pilotlight binary not found at {BIN} (set PILOTLIGHT_BIN)")
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        p = subprocess.Popen([BIN] + list(args), stdin=subprocess.DEVNULL,
+                             stdout=out, stderr=err, env=clean_env(env))
+        try:
+            rc = p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+            rc = None
+        out.seek(0)
+        err.seek(0)
+        o = out.read().decode("utf-8", "replace")
+        e = err.read().decode("utf-8", "replace")
+    check_sanitizers(e, f"pilotlight {' '.join(args)}")
+    assert rc is not None, f"pilotlight {' '.join(args)} did not exit within {timeout}s; " \
+                           f"stdout {o[-2000:]!r} stderr {e[-2000:]!r}"
+    return rc, o, e

@@ -1,0 +1,100 @@
+"""Compatibility: pilotlight driven by Trigger.dev's real WarmStartClient (tests/compat)."""
+
+import json
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import threading
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+COMPAT = REPO / "tests" / "compat"
+BIN = os.environ.get("PILOTLIGHT_BIN", str(REPO / "build" / "pilotlight"))
+# Short enough that the "repoll" case sees the client abort and re-poll quickly.
+CONNECTION_TIMEOUT_MS = 1500
+
+
+def _ensure_node_modules():
+    if (COMPAT / "node_modules" / "@trigger.dev" / "core" / "package.json").exists():
+        return
+    npm = shutil.which("npm")
+    if npm is None:
+        pytest.skip("npm is not installed: cannot install @trigger.dev/core for the compat test")
+    proc = subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=COMPAT,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"npm ci failed:\n{proc.stdout}\n{proc.stderr}"
+
+
+class Server:
+    """The real binary on 127.0.0.1:<ephemeral>, stderr collected by a thread."""
+
+    def __init__(self, *args):
+        assert os.access(BIN, os.X_OK), f"pilotlight binary not found at {BIN} (build it or set PILOTLIGHT_BIN)"
+        self.proc = subprocess.Popen([BIN, "--listen", "127.0.0.1:0", *args],
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE, text=True)
+        self.lines = []
+        self.address = None
+        self._listening = threading.Event()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        if not self._listening.wait(10):
+            self.proc.kill()
+            pytest.fail("no 'listening' log line within 10 s:\n" + self.stderr())
+
+    def _read(self):
+        for line in self.proc.stderr:
+            self.lines.append(line)
+            if self.address is None:
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if rec.get("msg") == "listening":
+                    self.address = rec["address"]
+                    self._listening.set()
+        self._listening.set()
+
+    def stderr(self):
+        return "".join(self.lines)
+
+    def stop(self, timeout=15):
+        """SIGTERM and wait; returns the exit code (kills and fails on timeout)."""
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            pytest.fail(f"server did not exit within {timeout} s of SIGTERM")
+        self._reader.join(5)
+        return code
+
+
+def test_trigger_dev_warm_start_client():
+    node = shutil.which("node")
+    if node is None or shutil.which("npm") is None:
+        pytest.skip("node/npm are not installed: the compat test needs them")
+    _ensure_node_modules()
+    server = Server("--connection-timeout-ms", str(CONNECTION_TIMEOUT_MS),
+                    "--keepalive-ms", "20000", "--log-level", "info")
+    try:
+        assert server.address, "listening line had no address:\n" + server.stderr()
+        port = server.address.rsplit(":", 1)[1]
+        proc = subprocess.run([node, str(COMPAT / "compat.mjs"), f"http://127.0.0.1:{port}"],
+                              capture_output=True, text=True, timeout=90)
+        lines = proc.stdout.strip().splitlines()
+        result = json.loads(lines[-1]) if lines else {}
+        detail = (f"result: {json.dumps(result, indent=1)}\nclient stderr (tail):\n{proc.stderr[-3000:]}"
+                  f"\nserver stderr (tail):\n{server.stderr()[-3000:]}")
+        assert proc.returncode == 0 and result.get("ok") is True, detail
+        assert set(result["cases"]) == {"match", "abort", "repoll"}, detail
+        assert "skipped" not in result["cases"]["repoll"], detail
+    finally:
+        code = server.stop()
+    log = server.stderr()
+    assert code == 0, f"exit code {code}:\n{log[-3000:]}"
+    assert "AddressSanitizer" not in log and "runtime error:" not in log, log[-5000:]

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# run.sh -- the whole test suite, as CI runs it: installs what is missing,
+# builds pilotlight twice (plain, and with AddressSanitizer + UBSan), runs the
+# unit tests and the black-box suite against each build, and ends with one
+# line of totals: "N passed, N failed[, N skipped]".
+set -u
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+
+deploy/install-deps.sh --test || { echo "dependency install failed"; echo "0 passed, 1 failed"; exit 1; }
+[ -x deploy/install-test-deps.sh ] && deploy/install-test-deps.sh
+
+build() { # build DIR [meson options...]
+    local dir=$1; shift
+    [ -f "$dir/build.ninja" ] || meson setup "$dir" "$@" >"$out/setup-$dir.log" 2>&1 ||
+        { cat "$out/setup-$dir.log"; return 1; }
+    ninja -C "$dir" >"$out/ninja-$dir.log" 2>&1 || { cat "$out/ninja-$dir.log"; return 1; }
+}
+
+passed=0 failed=0 skipped=0
+add() { passed=$((passed + $1)); failed=$((failed + $2)); skipped=$((skipped + ${3:-0})); }
+
+# Unit tests: each RUN() line of each test binary counts once.
+unit() { # unit BUILDDIR LABEL
+    meson test -C "$1" --print-errorlogs --verbose >"$out/unit-$2.log" 2>&1
+    local rc=$? ok bad
+    ok=$(grep -cE '^ok  ' "$out/unit-$2.log")
+    bad=$(grep -cE '^FAIL ' "$out/unit-$2.log")
+    [ $rc -ne 0 ] && [ "$bad" -eq 0 ] && bad=1 # a crash before any RUN line
+    echo "unit ($2): $ok passed, $bad failed"
+    [ "$bad" -gt 0 ] && grep -E 'FAIL|failed|ERROR|Sanitizer|runtime error' "$out/unit-$2.log" | head -40
+    add "$ok" "$bad"
+}
+
+# Black-box tests: pytest against the real binary, counted from JUnit XML.
+blackbox() { # blackbox BINARY LABEL [pytest args...]
+    local bin=$1 label=$2; shift 2
+    PILOTLIGHT_BIN="$bin" /usr/bin/python3 -m pytest -q -p no:cacheprovider \
+        --junitxml="$out/bb-$label.xml" "$@" tests/blackbox >"$out/bb-$label.log" 2>&1
+    local counts
+    counts=$(/usr/bin/python3 - "$out/bb-$label.xml" <<'PY'
+import sys, xml.etree.ElementTree as ET
+try:
+    t = ET.parse(sys.argv[1]).getroot()
+except Exception:
+    print(0, 1, 0); sys.exit()
+s = t if t.tag == "testsuite" else t.find("testsuite")
+tests, fail = int(s.get("tests")), int(s.get("failures")) + int(s.get("errors"))
+skip = int(s.get("skipped"))
+print(tests - fail - skip, fail, skip)
+PY
+)
+    set -- $counts
+    echo "black-box ($label): $1 passed, $2 failed, $3 skipped"
+    [ "$2" -gt 0 ] && tail -60 "$out/bb-$label.log"
+    add "$1" "$2" "$3"
+}
+
+if build build; then
+    unit build plain
+    blackbox "$root/build/pilotlight" plain
+else
+    echo "build failed"; add 0 1
+fi
+
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:halt_on_error=1
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+if build build-asan -Db_sanitize=address,undefined -Db_lundef=false; then
+    unit build-asan asan
+    blackbox "$root/build-asan/pilotlight" asan
+else
+    echo "sanitizer build failed"; add 0 1
+fi
+
+echo "$passed passed, $failed failed, $skipped skipped"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,139 @@
+/* test_config.c -- defaults, file < env < flags, and refusals. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "pilotlight/config.h"
+#include "unit.h"
+
+static int load(pl_config *cfg, int argc, char **argv, char **envp,
+                pl_config_action *action, char *err)
+{
+    return pl_config_load(cfg, argc, argv, envp, action, err, 512);
+}
+
+static void test_defaults(void)
+{
+    char *argv[] = {"pilotlight", NULL};
+    pl_config cfg;
+    pl_config_action action;
+    char err[512];
+
+    CHECK_EQ(load(&cfg, 1, argv, NULL, &action, err), 0);
+    CHECK_EQ(action, PL_CONFIG_RUN);
+    CHECK_STR(cfg.listen_host, "0.0.0.0");
+    CHECK_EQ(cfg.listen_port, 8080);
+    CHECK_EQ(cfg.connection_timeout_ms, 30000);
+    CHECK_EQ(cfg.keepalive_ms, 300000);
+    CHECK_EQ(cfg.park_timeout_ms, 35000); /* connection timeout + 5 s */
+    CHECK_EQ(cfg.match_order, PL_ORDER_FIFO);
+    CHECK_EQ(cfg.idle_timeout_ms, 120000);
+    CHECK_EQ(cfg.log_level, PL_LOG_INFO);
+}
+
+static void test_precedence(void)
+{
+    char path[] = "/tmp/pl-config-XXXXXX";
+    int fd = mkstemp(path);
+    FILE *f = fdopen(fd, "w");
+    char *argv[] = {"pilotlight", "--config", path, "--max-waiters=7",
+                    "--match-order", "lifo", NULL};
+    char *envp[] = {"PILOTLIGHT_MAX_WAITERS=5", "PILOTLIGHT_KEEPALIVE_MS=42",
+                    "OTHER=1", NULL};
+    pl_config cfg;
+    pl_config_action action;
+    char err[512];
+
+    fputs("# comment\nmax_waiters = 3\nkeepalive_ms=9 # trailing\n"
+          "connection_timeout_ms = 1000\nlisten = [::1]:0\n", f);
+    fclose(f);
+    CHECK_EQ(load(&cfg, 6, argv, envp, &action, err), 0);
+    CHECK_EQ(cfg.max_waiters, 7);     /* flag beats env beats file */
+    CHECK_EQ(cfg.keepalive_ms, 42);   /* env beats file */
+    CHECK_EQ(cfg.connection_timeout_ms, 1000);
+    CHECK_EQ(cfg.park_timeout_ms, 6000);
+    CHECK_EQ(cfg.match_order, PL_ORDER_LIFO);
+    CHECK_STR(cfg.listen_host, "::1");
+    CHECK_EQ(cfg.listen_port, 0);
+    unlink(path);
+}
+
+static void expect_error(char **argv, int argc, char **envp, const char *needle)
+{
+    pl_config cfg;
+    pl_config_action action;
+    char err[512] = "";
+
+    CHECK_EQ(load(&cfg, argc, argv, envp, &action, err), -1);
+    CHECK(strstr(err, needle) != NULL);
+    if (strstr(err, needle) == NULL)
+        fprintf(stderr, "  error '%s' should name '%s'\n", err, needle);
+}
+
+static void test_refusals(void)
+{
+    char *a1[] = {"pilotlight", "--match-order", "sideways", NULL};
+    char *a2[] = {"pilotlight", "--max-waiters=-1", NULL};
+    char *a3[] = {"pilotlight", "--listen", "nope", NULL};
+    char *a4[] = {"pilotlight", "--no-such-thing", NULL};
+    char *a5[] = {"pilotlight", "--max-waiters", NULL};
+    char *a6[] = {"pilotlight", "--config", "/nonexistent/pl.conf", NULL};
+    char *a7[] = {"pilotlight", "--listen", "127.0.0.1:65536", NULL};
+    char *a8[] = {"pilotlight", "--log-level", "loud", NULL};
+    char *a0[] = {"pilotlight", NULL};
+    char *env[] = {"PILOTLIGHT_IDLE_TIMEOUT_MS=soon", NULL};
+
+    expect_error(a1, 3, NULL, "match_order");
+    expect_error(a2, 2, NULL, "max_waiters");
+    expect_error(a3, 3, NULL, "listen");
+    expect_error(a4, 2, NULL, "--no-such-thing");
+    expect_error(a5, 2, NULL, "--max-waiters");
+    expect_error(a6, 3, NULL, "/nonexistent/pl.conf");
+    expect_error(a7, 3, NULL, "listen");
+    expect_error(a8, 3, NULL, "log_level");
+    expect_error(a0, 1, env, "PILOTLIGHT_IDLE_TIMEOUT_MS");
+}
+
+static void test_actions(void)
+{
+    char *a1[] = {"pilotlight", "--check-config", NULL};
+    char *a2[] = {"pilotlight", "--version", NULL};
+    char *a3[] = {"pilotlight", "--help", NULL};
+    pl_config cfg;
+    pl_config_action action;
+    char err[512];
+
+    CHECK_EQ(load(&cfg, 2, a1, NULL, &action, err), 0);
+    CHECK_EQ(action, PL_CONFIG_CHECK);
+    CHECK_EQ(load(&cfg, 2, a2, NULL, &action, err), 0);
+    CHECK_EQ(action, PL_CONFIG_VERSION);
+    CHECK_EQ(load(&cfg, 2, a3, NULL, &action, err), 0);
+    CHECK_EQ(action, PL_CONFIG_HELP);
+}
+
+/* The documented file in config/ must set every setting to its default. */
+static void test_documented_file_is_defaults(void)
+{
+    char path[1024];
+    char *argv[] = {"pilotlight", "--config", path, NULL};
+    char *plain[] = {"pilotlight", NULL};
+    pl_config a, b;
+    pl_config_action action;
+    char err[512];
+    const char *src = getenv("PL_SOURCE_ROOT");
+
+    snprintf(path, sizeof(path), "%s/config/pilotlight.conf", src ? src : ".");
+    CHECK_EQ(load(&a, 3, argv, NULL, &action, err), 0);
+    CHECK_EQ(load(&b, 1, plain, NULL, &action, err), 0);
+    CHECK(memcmp(&a, &b, sizeof(a)) == 0);
+}
+
+int main(void)
+{
+    RUN(test_defaults);
+    RUN(test_precedence);
+    RUN(test_refusals);
+    RUN(test_actions);
+    RUN(test_documented_file_is_defaults);
+    return unit_finish();
+}

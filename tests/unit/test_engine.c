@@ -1,0 +1,1183 @@
+/* test_engine.c -- the matching engine alone: park, match, settle, caps,
+ * expiry, allocation failure, and a randomized check against a model. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pilotlight/engine.h"
+#include "pilotlight/key.h"
+#include "pilotlight/mem.h"
+#include "unit.h"
+
+/* ---- owners: what the settle callback sees ---------------------------- */
+
+typedef struct {
+    int calls;          /* how many times the callback ran for us */
+    pl_outcome outcome; /* the last outcome it gave */
+    const void *arg;
+    int refuse;         /* answer MATCHED with "client gone" */
+    pl_waiter *w;       /* from pl_engine_park() */
+    /* used by the model test */
+    int key, id;
+    uint64_t parked_at;
+} owner_t;
+
+/* Every callback, in order, since the last log_reset(). */
+#define LOG_MAX 8192
+static struct {
+    owner_t *owner;
+    pl_outcome outcome;
+} settle_log[LOG_MAX];
+static size_t log_len;
+static unsigned long total_callbacks;
+static unsigned long double_settles;
+
+static void log_reset(void)
+{
+    log_len = 0;
+}
+
+static int settle_cb(void *owner, pl_outcome outcome, const void *arg)
+{
+    owner_t *o = owner;
+
+    if (o->calls > 0)
+        double_settles++;
+    o->calls++;
+    o->outcome = outcome;
+    o->arg = arg;
+    total_callbacks++;
+    if (log_len < LOG_MAX) {
+        settle_log[log_len].owner = o;
+        settle_log[log_len].outcome = outcome;
+        log_len++;
+    }
+    return outcome == PL_OUTCOME_MATCHED ? o->refuse : 0;
+}
+
+/* ---- helpers ------------------------------------------------------------ */
+
+static pl_engine *engine(pl_order order, uint32_t max, uint32_t per_key,
+                         uint64_t timeout)
+{
+    pl_engine_opts opts;
+    pl_engine *e;
+
+    memset(&opts, 0, sizeof(opts));
+    opts.order = order;
+    opts.max_waiters = max;
+    opts.max_waiters_per_key = per_key;
+    opts.park_timeout_ms = timeout;
+    opts.settle = settle_cb;
+    e = pl_engine_new(&opts);
+    CHECK(e != NULL);
+    return e;
+}
+
+static pl_key key(const char *dep, const char *ver, double cpu, double mem)
+{
+    pl_key k = {dep, strlen(dep), ver, strlen(ver), cpu, mem};
+    return k;
+}
+
+static int park(pl_engine *e, const pl_key *k, const char *id, owner_t *o,
+                uint64_t now)
+{
+    return pl_engine_park(e, k, id, strlen(id), o, now, &o->w);
+}
+
+static int ledger_balanced(const pl_ledger *l)
+{
+    uint64_t sum = l->parked_now;
+
+    for (int i = 0; i < PL_OUTCOME__COUNT; i++)
+        sum += l->settled[i];
+    return sum == l->parked_total;
+}
+
+static void check_ledger(const pl_engine *e, uint64_t total, uint64_t now_n,
+                         const uint64_t settled[PL_OUTCOME__COUNT])
+{
+    const pl_ledger *l = pl_engine_ledger(e);
+
+    CHECK_EQ(l->parked_total, total);
+    CHECK_EQ(l->parked_now, now_n);
+    for (int i = 0; i < PL_OUTCOME__COUNT; i++)
+        CHECK_EQ(l->settled[i], settled[i]);
+    CHECK(ledger_balanced(l));
+}
+
+static const pl_key KA = {"dep-a", 5, "v1", 2, 1, 1024};
+static const pl_key KB = {"dep-a", 5, "v1", 2, 1, 2048};
+static const pl_key KC = {"dep-c", 5, "v1", 2, 2, 4096};
+
+/* ---- basic behaviour ---------------------------------------------------- */
+
+static void test_park_and_match(void)
+{
+    pl_engine *e = engine(PL_ORDER_FIFO, 0, 0, 0);
+    owner_t a = {0};
+    int payload = 42;
+    uint64_t waited = 777;
+    uint64_t settled[PL_OUTCOME__COUNT] = {0};
+
+    CHECK_EQ(park(e, &KA, "c1", &a, 1000), 0);
+    CHECK(a.w != NULL);
+    CHECK_EQ(a.calls, 0);
+    CHECK_EQ(pl_engine_waiting(e, &KA), 1);
+    CHECK_EQ(pl_engine_waiting(e, &KB), 0);
+    CHECK_EQ(pl_engine_key_count(e), 1);
+    check_ledger(e, 1, 1, settled);
+
+    CHECK_EQ(pl_engine_deliver(e, &KA, &payload, 1250, &waited), 1);
+    CHECK_EQ(waited, 250);
+    CHECK_EQ(a.calls, 1);
+    CHECK_EQ(a.outcome, PL_OUTCOME_MATCHED);
+    CHECK(a.arg == &payload);
+    CHECK_EQ(pl_engine_waiting(e, &KA), 0);
+    CHECK_EQ(pl_engine_key_count(e), 0);
+    settled[PL_OUTCOME_MATCHED] = 1;
+    check_ledger(e, 1, 0, settled);
+
+    /* Delivered once: a second dispatch finds nobody. */
+    CHECK_EQ(pl_engine_deliver(e, &KA, &payload, 1300, NULL), 0);
+    pl_engine_free(e);
+    CHECK_EQ(a.calls, 1);
+}
+
+/* A dispatch nobody takes is not kept for a later poll. */
+static void test_deliver_empty_queues_nothing(void)
+{
+    pl_engine *e = engine(PL_ORDER_FIFO, 0, 0, 0);
+    owner_t a = {0}, b = {0};
+    int payload = 1;
+    uint64_t waited = 777;
+    uint64_t settled[PL_OUTCOME__COUNT] = {0};
+
+    CHECK_EQ(pl_engine_deliver(e, &KA, &payload, 10, &waited), 0);
+    CHECK_EQ(waited, 777);
+    CHECK_EQ(pl_engine_key_count(e), 0);
+    check_ledger(e, 0, 0, settled);
+
+    /* A waiter of another key is not offered it either. */
+    CHECK_EQ(park(e, &KB, "b", &b, 10), 0);
+    CHECK_EQ(pl_engine_deliver(e, &KA, &payload, 11, &waited), 0);
+    CHECK_EQ(b.calls, 0);
+
+    CHECK_EQ(park(e, &KA, "a", &a, 20), 0);
+    CHECK_EQ(a.calls, 0);
+    CHECK_EQ(pl_engine_waiting(e, &KA), 1);
+    check_ledger(e, 2, 2, settled);
+    pl_engine_free(e);
+    CHECK_EQ(a.calls, 1);
+    CHECK_EQ(a.outcome, PL_OUTCOME_SHUTDOWN);
+    CHECK_EQ(b.calls, 1);
+}
+
+static void test_settle_disconnect(void)
+{
+    pl_engine *e = engine(PL_ORDER_FIFO, 0, 0, 0);
+    owner_t a = {0}, b = {0};
+    int payload = 1;
+    uint64_t settled[PL_OUTCOME__COUNT] = {0};
+
+    CHECK_EQ(park(e, &KA, "a", &a, 1), 0);
+    CHECK_EQ(park(e, &KA, "b", &b, 2), 0);
+    pl_engine_settle(e, a.w, PL_OUTCOME_DISCONNECT);
+    CHECK_EQ(a.calls, 1);
+    CHECK_EQ(a.outcome, PL_OUTCOME_DISCONNECT);
+    CHECK(a.arg == NULL);
+    CHECK_EQ(pl_engine_waiting(e, &KA), 1);
+    settled[PL_OUTCOME_DISCONNECT] = 1;
+    check_ledger(e, 2, 1, settled);
+
+    /* The disconnected one is gone: the next dispatch reaches b. */
+    CHECK_EQ(pl_engine_deliver(e, &KA, &payload, 3, NULL), 1);
+    CHECK_EQ(b.outcome, PL_OUTCOME_MATCHED);
+    CHECK_EQ(a.calls, 1);
+
+    /* The id of a settled waiter is free again: parking it replaces none. */
+    owner_t a2 = {0};
+    CHECK_EQ(park(e, &KA, "a", &a2, 4), 0);
+    CHECK_EQ(pl_engine_ledger(e)->settled[PL_OUTCOME_REPLACED], 0);
+    pl_engine_free(e);
+    CHECK_EQ(a2.calls, 1);
+}
+
+static void test_replace_same_controller(void)
+{
+    pl_engine *e = engine(PL_ORDER_FIFO, 0, 0, 0);
+    owner_t a = {0}, b = {0}, c = {0}, other = {0};
+    int payload = 1;
+    uint64_t settled[PL_OUTCOME__COUNT] = {0};
+
+    CHECK_EQ(park(e, &KA, "c1", &a, 1), 0);
+    CHECK_EQ(park(e, &KA, "c2", &other, 2), 0);
+    CHECK_EQ(park(e, &KA, "c1", &b, 3), 0);
+    CHECK_EQ(a.calls, 1);
+    CHECK_EQ(a.outcome, PL_OUTCOME_REPLACED);
+    CHECK(a.arg == NULL);
+    CHECK_EQ(b.calls, 0);
+    CHECK(b.w != NULL);
+    CHECK_EQ(pl_engine_waiting(e, &KA), 2);
+    settled[PL_OUTCOME_REPLACED] = 1;
+    check_ledger(e, 3, 2, settled);
+
+    /* The new poll went to the back of the queue. */
+    CHECK_EQ(pl_engine_deliver(e, &KA, &payload, 4, NULL), 1);
+    CHECK_EQ(other.outcome, PL_OUTCOME_MATCHED);
+    CHECK_EQ(b.calls, 0);
+
+    /* Same controller, another key: the old key's entry goes away. */
+    CHECK_EQ(park(e, &KB, "c1", &c, 5), 0);
+    CHECK_EQ(b.calls, 1);
+    CHECK_EQ(b.outcome, PL_OUTCOME_REPLACED);
+    CHECK_EQ(pl_engine_waiting(e, &KA), 0);
+    CHECK_EQ(pl_engine_waiting(e, &KB), 1);
+    CHECK_EQ(pl_engine_key_count(e), 1);
+
+    /* The id is <id_len> bytes: the first 2 bytes of "c1x" are c's id "c1",
+     * while "c" (1 byte of "c1") is another controller. */
+    owner_t d = {0}, f = {0};
+    CHECK_EQ(pl_engine_park(e, &KB, "c1x", 2, &d, 6, &d.w), 0);
+    CHECK_EQ(c.calls, 1);
+    CHECK_EQ(c.outcome, PL_OUTCOME_REPLACED);
+    CHECK_EQ(pl_engine_park(e, &KB, "c1", 1, &f, 7, &f.w), 0);
+    CHECK_EQ(d.calls, 0);
+    pl_engine_free(e);
+    CHECK_EQ(d.calls, 1);
+    CHECK_EQ(f.calls, 1);
+}
+
+/* Replacing frees the old waiter's place before the caps are checked. */
+static void test_replace_at_cap(void)
+{
+    pl_engine *e = engine(PL_ORDER_FIFO, 2, 1, 0);
+    owner_t a = {0}, b = {0}, c = {0}, d = {0};
+
+    CHECK_EQ(park(e, &KA, "a", &a, 1), 0);
+    CHECK_EQ(park(e, &KB, "b", &b, 1), 0);
+    /* Both caps are full, yet the controller's new poll takes its old
+     * poll's place. */
+    CHECK_EQ(park(e, &KA, "a", &c, 2), 0);
+    CHECK_EQ(a.calls, 1);
+    CHECK_EQ(a.outcome, PL_OUTCOME_REPLACED);
+    CHECK_EQ(pl_engine_waiting(e, &KA), 1);
+
+    /* Moving to a full key: the old poll is still replaced (the controller
+     * gave up on it), then the new one is over the per-key cap. */
+    CHECK_EQ(park(e, &KA, "b", &d, 3), PL_EREJECTED);
+    CHECK_EQ(b.calls, 1);
+    CHECK_EQ(b.outcome, PL_OUTCOME_REPLACED);
+    CHECK_EQ(d.calls, 1);
+    CHECK_EQ(d.outcome, PL_OUTCOME_REJECTED);
+    CHECK_EQ(pl_engine_key_count(e), 1);
+    pl_engine_free(e);
+    CHECK_EQ(c.calls, 1);
+    CHECK_EQ(c.outcome, PL_OUTCOME_SHUTDOWN);
+}
+
+static void check_order(pl_order order)
+{
+    pl_engine *e = engine(order, 0, 0, 0);
+    owner_t o[5] = {{0}};
+    char id[16];
+    int payload = 7;
+
+    for (int i = 0; i < 5; i++) {
+        snprintf(id, sizeof(id), "w%d", i);
+        CHECK_EQ(park(e, &KA, id, &o[i], (uint64_t)i), 0);
+    }
+    log_reset();
+    for (int i = 0; i < 5; i++)
+        CHECK_EQ(pl_engine_deliver(e, &KA, &payload, 100, NULL), 1);
+    CHECK_EQ(log_len, 5);
+    for (int i = 0; i < 5 && i < (int)log_len; i++) {
+        int want = order == PL_ORDER_FIFO ? i : 4 - i;
+        CHECK(settle_log[i].owner == &o[want]);
+        CHECK_EQ(settle_log[i].outcome, PL_OUTCOME_MATCHED);
+    }
+    CHECK_EQ(pl_engine_key_count(e), 0);
+    pl_engine_free(e);
+}
+
+static void test_fifo_order(void)
+{
+    check_order(PL_ORDER_FIFO);
+}
+
+static void test_lifo_order(void)
+{
+    check_order(PL_ORDER_LIFO);
+}
+
+/* Order is per key: waiters of other keys in between do not matter. */
+static void test_order_is_per_key(void)
+{
+    pl_engine *e = engine(PL_ORDER_LIFO, 0, 0, 0);
+    owner_t a1 = {0}, b1 = {0}, a2 = {0}, b2 = {0};
+    int payload = 7;
+
+    CHECK_EQ(park(e, &KA, "a1", &a1, 1), 0);
+    CHECK_EQ(park(e, &KB, "b1", &b1, 2), 0);
+    CHECK_EQ(park(e, &KA, "a2", &a2, 3), 0);
+    CHECK_EQ(park(e, &KB, "b2", &b2, 4), 0);
+    CHECK_EQ(pl_engine_deliver(e, &KA, &payload, 5, NULL), 1);
+    CHECK_EQ(a2.outcome, PL_OUTCOME_MATCHED);
+    CHECK_EQ(b2.calls, 0);
+    pl_engine_free(e);
+}
+
+static void test_caps_reject(void)
+{
+    pl_engine *e = engine(PL_ORDER_FIFO, 3, 2, 0);
+    owner_t a1 = {0}, a2 = {0}, a3 = {0}, b1 = {0}, c1 = {0}, c2 = {0};
+    int payload = 1;
+    uint64_t settled[PL_OUTCOME__COUNT] = {0};
+    pl_waiter *sentinel = (pl_waiter *)&payload;
+
+    CHECK_EQ(park(e, &KA, "a1", &a1, 1), 0);
+    CHECK_EQ(park(e, &KA, "a2", &a2, 1), 0);
+
+    /* Per-key cap. */
+    a3.w = sentinel;
+    CHECK_EQ(park(e, &KA, "a3", &a3, 1), PL_EREJECTED);
+    CHECK(a3.w == NULL);
+    CHECK_EQ(a3.calls, 1);
+    CHECK_EQ(a3.outcome, PL_OUTCOME_REJECTED);
+    CHECK(a3.arg != NULL && ((const char *)a3.arg)[0] != '\0');
+    CHECK_EQ(pl_engine_waiting(e, &KA), 2);
+
+    /* Global cap: KC has no waiter, but the server is full. */
+    CHECK_EQ(park(e, &KB, "b1", &b1, 1), 0);
+    CHECK_EQ(park(e, &KC, "c1", &c1, 1), PL_EREJECTED);
+    CHECK_EQ(c1.calls, 1);
+    CHECK_EQ(c1.outcome, PL_OUTCOME_REJECTED);
+    CHECK(c1.arg != NULL && ((const char *)c1.arg)[0] != '\0');
+    CHECK(c1.w == NULL);
+    CHECK_EQ(pl_engine_waiting(e, &KC), 0);
+    CHECK_EQ(pl_engine_key_count(e), 2); /* no entry left for KC */
+    settled[PL_OUTCOME_REJECTED] = 2;
+    check_ledger(e, 5, 3, settled);
+
+    /* A rejected poll holds no place and no id: after room is made, the
+     * same controller parks without replacing anything. */
+    CHECK_EQ(pl_engine_deliver(e, &KA, &payload, 2, NULL), 1);
+    CHECK_EQ(park(e, &KC, "c1", &c2, 3), 0);
+    CHECK_EQ(pl_engine_ledger(e)->settled[PL_OUTCOME_REPLACED], 0);
+    CHECK_EQ(c1.calls, 1);
+    pl_engine_free(e);
+    CHECK_EQ(a1.calls + a2.calls + a3.calls + b1.calls + c1.calls + c2.calls,
+             6);
+}
+
+static void test_key_entry_freed(void)
+{
+    pl_engine *e = engine(PL_ORDER_FIFO, 0, 0, 0);
+    char dep[32], id[32];
+    int payload = 1;
+
+    /* Thousands of distinct keys, each used once: none may linger. */
+    for (int i = 0; i < 3000; i++) {
+        owner_t o = {0};
+        pl_key k;
+
+        snprintf(dep, sizeof(dep), "dep-%d", i);
+        snprintf(id, sizeof(id), "ctl-%d", i % 17);
+        k = key(dep, "v", (i % 4) * 0.25, 512);
+        CHECK_EQ(park(e, &k, id, &o, (uint64_t)i), 0);
+        CHECK_EQ(pl_engine_key_count(e), 1);
+        switch (i % 3) {
+        case 0:
+            CHECK_EQ(pl_engine_deliver(e, &k, &payload, (uint64_t)i, NULL),
+                     1);
+            break;
+        case 1:
+            pl_engine_settle(e, o.w, PL_OUTCOME_DISCONNECT);
+            break;
+        default:
+            pl_engine_drain(e);
+            break;
+        }
+        CHECK_EQ(o.calls, 1);
+        CHECK_EQ(pl_engine_key_count(e), 0);
+        CHECK_EQ(pl_engine_waiting(e, &k), 0);
+    }
+    CHECK_EQ(pl_engine_ledger(e)->parked_now, 0);
+    pl_engine_free(e);
+}
+
+static void test_deliver_skips_refusing(void)
+{
+    pl_engine *e = engine(PL_ORDER_FIFO, 0, 0, 0);
+    owner_t a = {0}, b = {0}, c = {0};
+    int payload = 1;
+    uint64_t waited = 0;
+    uint64_t settled[PL_OUTCOME__COUNT] = {0};
+
+    a.refuse = 1;
+    CHECK_EQ(park(e, &KA, "a", &a, 10), 0);
+    CHECK_EQ(park(e, &KA, "b", &b, 20), 0);
+    CHECK_EQ(park(e, &KA, "c", &c, 30), 0);
+    CHECK_EQ(pl_engine_deliver(e, &KA, &payload, 50, &waited), 1);
+    CHECK_EQ(a.calls, 1);
+    CHECK_EQ(a.outcome, PL_OUTCOME_MATCHED); /* what it was offered */
+    CHECK_EQ(b.calls, 1);
+    CHECK_EQ(b.outcome, PL_OUTCOME_MATCHED);
+    CHECK(b.arg == &payload);
+    CHECK_EQ(waited, 30); /* b's wait, not a's */
+    CHECK_EQ(c.calls, 0);
+    settled[PL_OUTCOME_MATCHED] = 1;
+    settled[PL_OUTCOME_DISCONNECT] = 1; /* a's refusal */
+    check_ledger(e, 3, 1, settled);
+
+    /* Everyone refuses: 0, all recorded as disconnects, key gone. */
+    owner_t d = {0};
+    c.refuse = 1;
+    d.refuse = 1;
+    CHECK_EQ(park(e, &KA, "d", &d, 40), 0);
+    waited = 777;
+    CHECK_EQ(pl_engine_deliver(e, &KA, &payload, 60, &waited), 0);
+    CHECK_EQ(waited, 777);
+    CHECK_EQ(c.calls, 1);
+    CHECK_EQ(d.calls, 1);
+    CHECK_EQ(pl_engine_key_count(e), 0);
+    settled[PL_OUTCOME_DISCONNECT] = 3;
+    check_ledger(e, 4, 0, settled);
+    pl_engine_free(e);
+}
+
+static void test_expire_and_deadline(void)
+{
+    pl_engine *e = engine(PL_ORDER_FIFO, 0, 0, 100);
+    owner_t a = {0}, b = {0}, c = {0};
+    uint64_t dl = 0;
+    uint64_t settled[PL_OUTCOME__COUNT] = {0};
+
+    CHECK_EQ(pl_engine_next_deadline(e, &dl), -1);
+    CHECK_EQ(park(e, &KA, "a", &a, 1000), 0);
+    CHECK_EQ(park(e, &KB, "b", &b, 1050), 0);
+    CHECK_EQ(park(e, &KA, "c", &c, 1070), 0);
+    CHECK_EQ(pl_engine_next_deadline(e, &dl), 0);
+    CHECK_EQ(dl, 1100);
+
+    CHECK_EQ(pl_engine_expire(e, 1099), 0);
+    CHECK_EQ(a.calls, 0);
+    CHECK_EQ(pl_engine_expire(e, 1100), 1);
+    CHECK_EQ(a.calls, 1);
+    CHECK_EQ(a.outcome, PL_OUTCOME_TIMEOUT);
+    CHECK(a.arg == NULL);
+    CHECK_EQ(pl_engine_next_deadline(e, &dl), 0);
+    CHECK_EQ(dl, 1150);
+
+    /* Replacing restarts the clock for that controller. */
+    owner_t b2 = {0};
+    CHECK_EQ(park(e, &KB, "b", &b2, 1140), 0);
+    CHECK_EQ(pl_engine_next_deadline(e, &dl), 0);
+    CHECK_EQ(dl, 1170);
+
+    CHECK_EQ(pl_engine_expire(e, 1239), 1); /* c */
+    CHECK_EQ(c.outcome, PL_OUTCOME_TIMEOUT);
+    CHECK_EQ(b2.calls, 0);
+    CHECK_EQ(pl_engine_expire(e, 100000), 1);
+    CHECK_EQ(b2.outcome, PL_OUTCOME_TIMEOUT);
+    CHECK_EQ(pl_engine_next_deadline(e, &dl), -1);
+    CHECK_EQ(pl_engine_key_count(e), 0);
+    settled[PL_OUTCOME_TIMEOUT] = 3;
+    settled[PL_OUTCOME_REPLACED] = 1;
+    check_ledger(e, 4, 0, settled);
+    pl_engine_free(e);
+
+    /* park_timeout 0: nothing ever times out. */
+    e = engine(PL_ORDER_FIFO, 0, 0, 0);
+    owner_t d = {0};
+    CHECK_EQ(park(e, &KA, "d", &d, 0), 0);
+    CHECK_EQ(pl_engine_next_deadline(e, &dl), -1);
+    CHECK_EQ(pl_engine_expire(e, UINT64_MAX / 2), 0);
+    CHECK_EQ(d.calls, 0);
+    pl_engine_free(e);
+    CHECK_EQ(d.outcome, PL_OUTCOME_SHUTDOWN);
+}
+
+static void test_drain(void)
+{
+    pl_engine *e = engine(PL_ORDER_FIFO, 0, 0, 50);
+    owner_t o[4] = {{0}};
+    int payload = 1;
+    uint64_t dl;
+    uint64_t settled[PL_OUTCOME__COUNT] = {0};
+
+    CHECK_EQ(park(e, &KA, "0", &o[0], 1), 0);
+    CHECK_EQ(park(e, &KB, "1", &o[1], 2), 0);
+    CHECK_EQ(park(e, &KA, "2", &o[2], 3), 0);
+    pl_engine_drain(e);
+    for (int i = 0; i < 3; i++) {
+        CHECK_EQ(o[i].calls, 1);
+        CHECK_EQ(o[i].outcome, PL_OUTCOME_SHUTDOWN);
+        CHECK(o[i].arg == NULL);
+    }
+    CHECK_EQ(pl_engine_key_count(e), 0);
+    CHECK_EQ(pl_engine_next_deadline(e, &dl), -1);
+    settled[PL_OUTCOME_SHUTDOWN] = 3;
+    check_ledger(e, 3, 0, settled);
+
+    /* Still usable. */
+    CHECK_EQ(park(e, &KA, "0", &o[3], 4), 0);
+    CHECK_EQ(pl_engine_ledger(e)->settled[PL_OUTCOME_REPLACED], 0);
+    CHECK_EQ(pl_engine_deliver(e, &KA, &payload, 5, NULL), 1);
+    CHECK_EQ(o[3].outcome, PL_OUTCOME_MATCHED);
+    pl_engine_free(e);
+    CHECK_EQ(o[3].calls, 1);
+}
+
+static void test_free_settles_remaining(void)
+{
+    pl_engine *e = engine(PL_ORDER_LIFO, 0, 0, 0);
+    owner_t o[3] = {{0}};
+
+    CHECK_EQ(park(e, &KA, "0", &o[0], 1), 0);
+    CHECK_EQ(park(e, &KB, "1", &o[1], 2), 0);
+    CHECK_EQ(park(e, &KC, "2", &o[2], 3), 0);
+    pl_engine_free(e);
+    for (int i = 0; i < 3; i++) {
+        CHECK_EQ(o[i].calls, 1);
+        CHECK_EQ(o[i].outcome, PL_OUTCOME_SHUTDOWN);
+    }
+    pl_engine_free(NULL);
+}
+
+/* ---- keys: numbers as numbers, strings by content ----------------------- */
+
+static double num(const char *s)
+{
+    double v = -12345;
+
+    CHECK_EQ(pl_key_parse_number(s, strlen(s), &v), 0);
+    return v;
+}
+
+static void test_keys_numbers_as_numbers(void)
+{
+    pl_engine *e = engine(PL_ORDER_FIFO, 0, 0, 0);
+    char dep1[] = "deploy", dep2[] = "deploy";
+    pl_key k1 = key(dep1, "v1", num("1"), num("512"));
+    pl_key k1b = key(dep2, "v1", num("1.0"), num("512.0"));
+    pl_key h1 = key("deploy", "v1", num("0.5"), num("512"));
+    pl_key h2 = key("deploy", "v1", num("5e-1"), num("512"));
+    pl_key q = key("deploy", "v1", num("0.25"), num("512"));
+    owner_t a = {0}, b = {0};
+    int payload = 1;
+
+    CHECK_EQ(park(e, &k1, "a", &a, 1), 0);
+    CHECK_EQ(pl_engine_waiting(e, &k1b), 1);
+    CHECK_EQ(pl_engine_deliver(e, &k1b, &payload, 2, NULL), 1);
+    CHECK_EQ(a.outcome, PL_OUTCOME_MATCHED);
+
+    CHECK_EQ(park(e, &h1, "b", &b, 3), 0);
+    CHECK_EQ(pl_engine_waiting(e, &h2), 1);
+    CHECK_EQ(pl_engine_waiting(e, &q), 0);
+    CHECK_EQ(pl_engine_deliver(e, &q, &payload, 4, NULL), 0);
+    CHECK_EQ(b.calls, 0);
+    CHECK_EQ(pl_engine_deliver(e, &h2, &payload, 4, NULL), 1);
+    CHECK_EQ(b.outcome, PL_OUTCOME_MATCHED);
+    CHECK_EQ(pl_engine_key_count(e), 0);
+    pl_engine_free(e);
+}
+
+static void test_keys_split_differs(void)
+{
+    pl_engine *e = engine(PL_ORDER_FIFO, 0, 0, 0);
+    pl_key k1 = key("ab", "c", 1, 1);
+    pl_key k2 = key("a", "bc", 1, 1);
+    owner_t a = {0}, b = {0};
+    int payload = 1;
+
+    CHECK_EQ(park(e, &k1, "a", &a, 1), 0);
+    CHECK_EQ(pl_engine_waiting(e, &k2), 0);
+    CHECK_EQ(pl_engine_deliver(e, &k2, &payload, 2, NULL), 0);
+    CHECK_EQ(a.calls, 0);
+    CHECK_EQ(park(e, &k2, "b", &b, 3), 0);
+    CHECK_EQ(pl_engine_key_count(e), 2);
+    CHECK_EQ(pl_engine_deliver(e, &k2, &payload, 4, NULL), 1);
+    CHECK_EQ(b.outcome, PL_OUTCOME_MATCHED);
+    CHECK_EQ(a.calls, 0);
+    pl_engine_free(e);
+}
+
+/* ---- allocation failure ------------------------------------------------- */
+
+typedef struct {
+    pl_ledger ledger;
+    size_t keys;
+    size_t waiting[4];
+    unsigned long callbacks;
+} snapshot;
+
+static snapshot snap(const pl_engine *e, const pl_key *probe[4])
+{
+    snapshot s;
+
+    memset(&s, 0, sizeof(s));
+    s.ledger = *pl_engine_ledger(e);
+    s.keys = pl_engine_key_count(e);
+    for (int i = 0; i < 4; i++)
+        s.waiting[i] = probe[i] ? pl_engine_waiting(e, probe[i]) : 0;
+    s.callbacks = total_callbacks;
+    return s;
+}
+
+static int snap_equal(const snapshot *a, const snapshot *b)
+{
+    return memcmp(&a->ledger, &b->ledger, sizeof(a->ledger)) == 0 &&
+           a->keys == b->keys && a->callbacks == b->callbacks &&
+           memcmp(a->waiting, b->waiting, sizeof(a->waiting)) == 0;
+}
+
+/* Parks <o>, first making each allocation the call makes fail in turn
+ * (the nth alone, then the nth and all later ones), checking each failure
+ * returns PL_ENOMEM and changes nothing. Returns how many allocations the
+ * successful park made. */
+static unsigned park_under_oom(pl_engine *e, const pl_key *k, const char *id,
+                               owner_t *o, uint64_t now)
+{
+    const pl_key *probe[4] = {k, &KA, &KB, &KC};
+
+    for (unsigned long n = 1; n < 64; n++) {
+        for (int sticky = 0; sticky <= 1; sticky++) {
+            snapshot before = snap(e, probe), after;
+            pl_waiter *w = (pl_waiter *)o;
+            int rc;
+
+            pl_mem_fail_after(n, sticky);
+            rc = pl_engine_park(e, k, id, strlen(id), o, now, &w);
+            pl_mem_fail_after(0, 0);
+            if (rc == 0) {
+                /* failing every allocation from the nth on cannot succeed
+                 * where failing the nth alone did not */
+                CHECK_EQ(sticky, 0);
+                o->w = w;
+                return (unsigned)(n - 1);
+            }
+            after = snap(e, probe);
+            CHECK_EQ(rc, PL_ENOMEM);
+            CHECK(w == NULL);
+            CHECK_EQ(o->calls, 0);
+            if (!snap_equal(&before, &after)) {
+                fprintf(stderr,
+                        "  park(id=%s) failing allocation %lu%s changed "
+                        "state: callbacks %lu->%lu, parked_now %llu->%llu, "
+                        "replaced %llu->%llu, keys %zu->%zu\n",
+                        id, n, sticky ? "+" : "", before.callbacks,
+                        after.callbacks,
+                        (unsigned long long)before.ledger.parked_now,
+                        (unsigned long long)after.ledger.parked_now,
+                        (unsigned long long)
+                            before.ledger.settled[PL_OUTCOME_REPLACED],
+                        (unsigned long long)
+                            after.ledger.settled[PL_OUTCOME_REPLACED],
+                        before.keys, after.keys);
+                CHECK(snap_equal(&before, &after));
+            }
+        }
+    }
+    CHECK(!"park never succeeded");
+    return 0;
+}
+
+static void test_oom_new(void)
+{
+    pl_engine_opts opts;
+
+    memset(&opts, 0, sizeof(opts));
+    opts.settle = settle_cb;
+    pl_mem_fail_after(1, 0);
+    CHECK(pl_engine_new(&opts) == NULL);
+    pl_mem_fail_after(0, 0);
+}
+
+static void test_oom_park(void)
+{
+    pl_engine *e = engine(PL_ORDER_FIFO, 0, 0, 0);
+    static owner_t o[900];
+    char dep[32], id[32];
+    unsigned allocs, total = 0, baseline = 0;
+    int payload = 1;
+
+    /* The first park of a fresh engine allocates the waiter, the key entry
+     * and both hash tables. */
+    allocs = park_under_oom(e, &KA, "first", &o[0], 0);
+    CHECK(allocs >= 4);
+    /* Another waiter of the same key: the waiter alone. */
+    CHECK_EQ(park_under_oom(e, &KA, "second", &o[1], 0), 1);
+    /* A new key: the waiter and the entry. */
+    CHECK_EQ(park_under_oom(e, &KB, "third", &o[2], 0), 2);
+
+    /* Hundreds of ids over many keys, so that both hash tables grow
+     * their bucket arrays while allocations fail. */
+    for (int i = 3; i < 900; i++) {
+        pl_key k;
+        snprintf(dep, sizeof(dep), "dep-%d", i % 300);
+        snprintf(id, sizeof(id), "controller-%d", i);
+        k = key(dep, "v", 1, 1);
+        baseline += 1 + (i < 303); /* dep-0..2 are new at i = 300..302 */
+        total += park_under_oom(e, &k, id, &o[i], (uint64_t)i);
+    }
+    CHECK(total > baseline); /* some bucket expansions were covered */
+    CHECK_EQ(pl_engine_key_count(e), 302);
+    CHECK_EQ(pl_engine_ledger(e)->parked_now, 900);
+    CHECK_EQ(pl_engine_ledger(e)->parked_total, 900);
+
+    /* Matching needs no memory: with every allocation failing, deliver,
+     * settle and drain still work. */
+    pl_mem_fail_after(1, 1);
+    CHECK_EQ(pl_engine_deliver(e, &KA, &payload, 1000, NULL), 1);
+    CHECK_EQ(o[0].outcome, PL_OUTCOME_MATCHED);
+    pl_engine_settle(e, o[1].w, PL_OUTCOME_DISCONNECT);
+    CHECK_EQ(pl_engine_waiting(e, &KA), 0);
+    {
+        owner_t x = {0};
+        CHECK_EQ(park(e, &KC, "x", &x, 1000), PL_ENOMEM);
+        CHECK_EQ(x.calls, 0);
+    }
+    pl_engine_drain(e);
+    pl_mem_fail_after(0, 0);
+    for (int i = 0; i < 900; i++)
+        CHECK_EQ(o[i].calls, 1);
+    CHECK_EQ(pl_engine_key_count(e), 0);
+
+    /* And parking works again. */
+    owner_t y = {0};
+    CHECK_EQ(park(e, &KC, "y", &y, 2000), 0);
+    CHECK_EQ(pl_engine_deliver(e, &KC, &payload, 2001, NULL), 1);
+    CHECK_EQ(y.outcome, PL_OUTCOME_MATCHED);
+    pl_engine_free(e);
+}
+
+/* pl_engine_park() promises "PL_ENOMEM (nothing settled, nothing changed)"
+ * also when the controller already has a parked poll. */
+static void test_oom_park_replacing(void)
+{
+    pl_engine *e;
+    owner_t a = {0}, b = {0}, c = {0}, d = {0}, f = {0};
+
+    /* Same key, the controller's old poll is its only waiter. */
+    e = engine(PL_ORDER_FIFO, 0, 0, 0);
+    CHECK_EQ(park(e, &KA, "ctl", &a, 1), 0);
+    park_under_oom(e, &KA, "ctl", &b, 2);
+    CHECK_EQ(a.calls, 1);
+    CHECK_EQ(a.outcome, PL_OUTCOME_REPLACED);
+    CHECK_EQ(b.calls, 0);
+    CHECK_EQ(pl_engine_waiting(e, &KA), 1);
+    pl_engine_free(e);
+    CHECK_EQ(b.calls, 1);
+
+    /* Another key. */
+    e = engine(PL_ORDER_FIFO, 0, 0, 0);
+    CHECK_EQ(park(e, &KA, "other", &c, 1), 0);
+    CHECK_EQ(park(e, &KA, "ctl", &d, 1), 0);
+    park_under_oom(e, &KB, "ctl", &f, 2);
+    CHECK_EQ(d.calls, 1);
+    CHECK_EQ(d.outcome, PL_OUTCOME_REPLACED);
+    CHECK_EQ(pl_engine_waiting(e, &KB), 1);
+    pl_engine_free(e);
+    CHECK_EQ(c.calls, 1);
+    CHECK_EQ(f.calls, 1);
+}
+
+/* ---- names and sizes ---------------------------------------------------- */
+
+static void test_outcome_names(void)
+{
+    CHECK_STR(pl_outcome_name(PL_OUTCOME_MATCHED), "matched");
+    CHECK_STR(pl_outcome_name(PL_OUTCOME_TIMEOUT), "timeout");
+    CHECK_STR(pl_outcome_name(PL_OUTCOME_DISCONNECT), "disconnect");
+    CHECK_STR(pl_outcome_name(PL_OUTCOME_REPLACED), "replaced");
+    CHECK_STR(pl_outcome_name(PL_OUTCOME_SHUTDOWN), "shutdown");
+    CHECK_STR(pl_outcome_name(PL_OUTCOME_REJECTED), "rejected");
+    CHECK_STR(pl_outcome_name(PL_OUTCOME__COUNT), "unknown");
+    CHECK(pl_engine_waiter_size(40) >= 40);
+    CHECK(pl_engine_waiter_size(41) > pl_engine_waiter_size(40));
+}
+
+/* ---- randomized model test ---------------------------------------------- */
+
+#define M_KEYS 6
+#define M_IDS 10
+#define M_STEPS 4000
+
+/* Each model key, written two ways that must mean the same key. */
+static const struct {
+    const char *dep, *ver, *cpu[2], *mem[2];
+} mkeys[M_KEYS] = {
+    {"dep-a", "v1", {"1", "1.0"}, {"512", "5.12e2"}},
+    {"dep-a", "v1", {"2", "2e0"}, {"512", "512.00"}},
+    {"dep-a", "v2", {"1", "10e-1"}, {"512", "512"}},
+    {"dep-b", "v1", {"0.5", "5e-1"}, {"1024", "1024.0"}},
+    {"ab", "c", {"1", "1"}, {"1", "1"}},
+    {"a", "bc", {"1", "1"}, {"1", "1"}},
+};
+
+/* Builds model key <i> in caller-provided fresh buffers, so that only
+ * content can make two keys equal. */
+static pl_key mkey(int i, unsigned variant, char dep[32], char ver[32])
+{
+    pl_key k;
+    const char *cpu = mkeys[i].cpu[variant & 1];
+    const char *mem = mkeys[i].mem[(variant >> 1) & 1];
+
+    snprintf(dep, 32, "%s", mkeys[i].dep);
+    snprintf(ver, 32, "%s", mkeys[i].ver);
+    k = key(dep, ver, 0, 0);
+    CHECK_EQ(pl_key_parse_number(cpu, strlen(cpu), &k.cpu), 0);
+    CHECK_EQ(pl_key_parse_number(mem, strlen(mem), &k.memory), 0);
+    return k;
+}
+
+static uint64_t rng_state;
+
+static uint32_t rnd(uint32_t n)
+{
+    /* xorshift64*: fixed sequence for a seed on every platform. */
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    return (uint32_t)((rng_state * 2685821657736338717ULL) >> 33) % n;
+}
+
+typedef struct {
+    pl_order order;
+    uint32_t max, per_key;
+    uint64_t timeout;
+    /* per-key queues, oldest first; ids are unique among live waiters, so
+     * no queue holds more than M_IDS */
+    owner_t *q[M_KEYS][M_IDS];
+    size_t n[M_KEYS];
+    uint64_t total, settled[PL_OUTCOME__COUNT];
+    /* the callbacks the current step should cause */
+    struct {
+        owner_t *owner;
+        pl_outcome outcome;
+    } want[M_IDS + 2];
+    size_t nwant;
+} model;
+
+static owner_t m_owners[M_STEPS];
+static uint64_t m_seen[PL_OUTCOME__COUNT]; /* over all runs */
+
+static void m_remove(model *m, int k, size_t pos, pl_outcome outcome)
+{
+    owner_t *o = m->q[k][pos];
+
+    memmove(&m->q[k][pos], &m->q[k][pos + 1],
+            (m->n[k] - pos - 1) * sizeof(m->q[k][0]));
+    m->n[k]--;
+    m->settled[outcome]++;
+    m->want[m->nwant].owner = o;
+    m->want[m->nwant].outcome = outcome;
+    m->nwant++;
+}
+
+static size_t m_live(const model *m)
+{
+    size_t sum = 0;
+
+    for (int k = 0; k < M_KEYS; k++)
+        sum += m->n[k];
+    return sum;
+}
+
+/* The model's pl_engine_park(). Returns the expected return code. */
+static int m_park(model *m, owner_t *o)
+{
+    for (int k = 0; k < M_KEYS; k++)
+        for (size_t i = 0; i < m->n[k]; i++)
+            if (m->q[k][i]->id == o->id) {
+                m_remove(m, k, i, PL_OUTCOME_REPLACED);
+                k = M_KEYS;
+                break;
+            }
+    m->total++;
+    if ((m->max && m_live(m) >= m->max) ||
+        (m->per_key && m->n[o->key] >= m->per_key)) {
+        m->settled[PL_OUTCOME_REJECTED]++;
+        m->want[m->nwant].owner = o;
+        m->want[m->nwant].outcome = PL_OUTCOME_REJECTED;
+        m->nwant++;
+        return PL_EREJECTED;
+    }
+    m->q[o->key][m->n[o->key]++] = o;
+    return 0;
+}
+
+/* The model's pl_engine_deliver(): returns the owner that takes it. */
+static owner_t *m_deliver(model *m, int k)
+{
+    while (m->n[k] > 0) {
+        size_t pos = m->order == PL_ORDER_FIFO ? 0 : m->n[k] - 1;
+        owner_t *o = m->q[k][pos];
+
+        if (o->refuse) {
+            /* offered MATCHED, refused: counted as a disconnect */
+            m_remove(m, k, pos, PL_OUTCOME_MATCHED);
+            m->settled[PL_OUTCOME_MATCHED]--;
+            m->settled[PL_OUTCOME_DISCONNECT]++;
+            continue;
+        }
+        m_remove(m, k, pos, PL_OUTCOME_MATCHED);
+        return o;
+    }
+    return NULL;
+}
+
+static size_t m_expire(model *m, uint64_t now)
+{
+    size_t n = 0;
+
+    if (m->timeout == 0)
+        return 0;
+    for (int k = 0; k < M_KEYS; k++)
+        for (size_t i = 0; i < m->n[k];)
+            if (m->q[k][i]->parked_at + m->timeout <= now) {
+                m_remove(m, k, i, PL_OUTCOME_TIMEOUT);
+                n++;
+            } else {
+                i++;
+            }
+    return n;
+}
+
+static void m_drain(model *m)
+{
+    for (int k = 0; k < M_KEYS; k++)
+        while (m->n[k] > 0)
+            m_remove(m, k, 0, PL_OUTCOME_SHUTDOWN);
+}
+
+static int by_owner(const void *a, const void *b)
+{
+    const owner_t *x = *(owner_t *const *)a, *y = *(owner_t *const *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Checks the callbacks since log_reset() are exactly the model's
+ * expected settlements (in any order), then the engine's counters. */
+static void m_check(const model *m, const pl_engine *e, const void *payload,
+                    unsigned variant)
+{
+    owner_t *got[LOG_MAX], *want[M_IDS + 2];
+    char dep[32], ver[32];
+    size_t live = 0, keys = 0;
+    uint64_t oldest = UINT64_MAX, dl = 0;
+
+    CHECK_EQ(log_len, m->nwant);
+    for (size_t i = 0; i < log_len && i < m->nwant; i++) {
+        got[i] = settle_log[i].owner;
+        want[i] = m->want[i].owner;
+    }
+    if (log_len == m->nwant) {
+        qsort(got, log_len, sizeof(got[0]), by_owner);
+        qsort(want, log_len, sizeof(want[0]), by_owner);
+        for (size_t i = 0; i < log_len; i++)
+            CHECK(got[i] == want[i]);
+        for (size_t i = 0; i < m->nwant; i++) {
+            const owner_t *o = m->want[i].owner;
+            pl_outcome w = m->want[i].outcome;
+            CHECK_EQ(o->calls, 1);
+            CHECK_EQ(o->outcome, w);
+            if (w == PL_OUTCOME_MATCHED)
+                CHECK(o->arg == payload);
+            else if (w == PL_OUTCOME_REJECTED)
+                CHECK(o->arg != NULL && *(const char *)o->arg != '\0');
+            else
+                CHECK(o->arg == NULL);
+        }
+    }
+    CHECK_EQ(double_settles, 0);
+
+    for (int k = 0; k < M_KEYS; k++) {
+        pl_key key_k = mkey(k, variant + (unsigned)k, dep, ver);
+        CHECK_EQ(pl_engine_waiting(e, &key_k), m->n[k]);
+        live += m->n[k];
+        keys += m->n[k] > 0;
+        for (size_t i = 0; i < m->n[k]; i++) {
+            CHECK_EQ(m->q[k][i]->calls, 0);
+            if (m->q[k][i]->parked_at < oldest)
+                oldest = m->q[k][i]->parked_at;
+        }
+    }
+    CHECK_EQ(pl_engine_key_count(e), keys);
+
+    const pl_ledger *l = pl_engine_ledger(e);
+    CHECK_EQ(l->parked_now, live);
+    CHECK_EQ(l->parked_total, m->total);
+    for (int i = 0; i < PL_OUTCOME__COUNT; i++)
+        CHECK_EQ(l->settled[i], m->settled[i]);
+    CHECK(ledger_balanced(l));
+
+    if (m->timeout && live) {
+        CHECK_EQ(pl_engine_next_deadline(e, &dl), 0);
+        CHECK_EQ(dl, oldest + m->timeout);
+    } else {
+        CHECK_EQ(pl_engine_next_deadline(e, &dl), -1);
+    }
+}
+
+static const char *op_names[] = {"park", "deliver", "disconnect", "expire",
+                                 "drain"};
+
+/* Returns 0 when the run matched the model throughout. */
+static int model_run(uint64_t seed, pl_order order, uint32_t max,
+                     uint32_t per_key, uint64_t timeout)
+{
+    static model m;
+    pl_engine *e = engine(order, max, per_key, timeout);
+    uint64_t now = 1000;
+    size_t nowners = 0;
+    int payload[1];
+    unsigned long fail0 = unit_failures;
+    int step;
+
+    memset(&m, 0, sizeof(m));
+    memset(m_owners, 0, sizeof(m_owners));
+    m.order = order;
+    m.max = max;
+    m.per_key = per_key;
+    m.timeout = timeout;
+    rng_state = seed * 0x9E3779B97F4A7C15ULL + 1;
+    double_settles = 0;
+
+    for (step = 0; step < M_STEPS; step++) {
+        uint32_t r = rnd(1000);
+        int op = r < 450 ? 0 : r < 700 ? 1 : r < 800 ? 2 : r < 995 ? 3 : 4;
+        unsigned variant = rnd(4);
+        char dep[32], ver[32];
+        const void *offered = NULL;
+
+        now += rnd(15);
+        log_reset();
+        m.nwant = 0;
+        if (op == 0) {
+            owner_t *o = &m_owners[nowners++];
+            pl_key k;
+            int want_rc, rc;
+
+            o->key = (int)rnd(M_KEYS);
+            o->id = (int)rnd(M_IDS);
+            o->refuse = rnd(5) == 0;
+            o->parked_at = now;
+            k = mkey(o->key, variant, dep, ver);
+            char id[16];
+            snprintf(id, sizeof(id), "ctl-%d", o->id);
+            want_rc = m_park(&m, o);
+            rc = park(e, &k, id, o, now);
+            CHECK_EQ(rc, want_rc);
+            CHECK((rc == 0) == (o->w != NULL));
+        } else if (op == 1) {
+            int ki = (int)rnd(M_KEYS);
+            pl_key k = mkey(ki, variant, dep, ver);
+            owner_t *want = m_deliver(&m, ki);
+            uint64_t waited = 424242;
+            int rc = pl_engine_deliver(e, &k, payload, now, &waited);
+
+            offered = payload;
+            CHECK_EQ(rc, want != NULL);
+            if (want != NULL && rc == 1)
+                CHECK_EQ(waited, now - want->parked_at);
+            else
+                CHECK_EQ(waited, 424242);
+        } else if (op == 2) {
+            size_t live = m_live(&m);
+            if (live > 0) {
+                size_t pick = rnd((uint32_t)live);
+                for (int k = 0; k < M_KEYS; k++) {
+                    if (pick < m.n[k]) {
+                        owner_t *o = m.q[k][pick];
+                        m_remove(&m, k, pick, PL_OUTCOME_DISCONNECT);
+                        pl_engine_settle(e, o->w, PL_OUTCOME_DISCONNECT);
+                        break;
+                    }
+                    pick -= m.n[k];
+                }
+            }
+        } else if (op == 3) {
+            now += rnd(40);
+            CHECK_EQ(pl_engine_expire(e, now), m_expire(&m, now));
+        } else {
+            m_drain(&m);
+            pl_engine_drain(e);
+        }
+        m_check(&m, e, offered, variant);
+        if (unit_failures != fail0) {
+            fprintf(stderr,
+                    "  model: seed=%llu order=%s max=%u per_key=%u "
+                    "timeout=%llu: diverged at step %d (%s)\n",
+                    (unsigned long long)seed,
+                    order == PL_ORDER_FIFO ? "fifo" : "lifo", max, per_key,
+                    (unsigned long long)timeout, step, op_names[op]);
+            break;
+        }
+    }
+
+    /* Freeing settles the rest; then every owner was settled once. */
+    log_reset();
+    m.nwant = 0;
+    m_drain(&m);
+    pl_engine_free(e);
+    for (int i = 0; i < PL_OUTCOME__COUNT; i++)
+        m_seen[i] += m.settled[i];
+    if (unit_failures == fail0) {
+        CHECK_EQ(log_len, m.nwant);
+        for (size_t i = 0; i < nowners; i++)
+            CHECK_EQ(m_owners[i].calls, 1);
+        CHECK_EQ(double_settles, 0);
+    }
+    return unit_failures != fail0;
+}
+
+static void test_model(void)
+{
+    static const uint64_t seeds[] = {1, 2, 3, 20240611};
+    static const uint32_t caps[][2] = {{0, 0}, {7, 3}};
+    static const uint64_t timeouts[] = {0, 60};
+
+    for (size_t s = 0; s < sizeof(seeds) / sizeof(seeds[0]); s++)
+        for (int order = 0; order < 2; order++)
+            for (int c = 0; c < 2; c++)
+                for (int t = 0; t < 2; t++)
+                    model_run(seeds[s], (pl_order)order, caps[c][0],
+                              caps[c][1], timeouts[t]);
+    /* The random steps reached every outcome, refusals included. */
+    for (int i = 0; i < PL_OUTCOME__COUNT; i++) {
+        if (m_seen[i] < 100)
+            fprintf(stderr, "  model: only %llu %s\n",
+                    (unsigned long long)m_seen[i],
+                    pl_outcome_name((pl_outcome)i));
+        CHECK(m_seen[i] >= 100);
+    }
+}
+
+int main(void)
+{
+    RUN(test_park_and_match);
+    RUN(test_deliver_empty_queues_nothing);
+    RUN(test_settle_disconnect);
+    RUN(test_replace_same_controller);
+    RUN(test_replace_at_cap);
+    RUN(test_fifo_order);
+    RUN(test_lifo_order);
+    RUN(test_order_is_per_key);
+    RUN(test_caps_reject);
+    RUN(test_key_entry_freed);
+    RUN(test_deliver_skips_refusing);
+    RUN(test_expire_and_deadline);
+    RUN(test_drain);
+    RUN(test_free_settles_remaining);
+    RUN(test_keys_numbers_as_numbers);
+    RUN(test_keys_split_differs);
+    RUN(test_oom_new);
+    RUN(test_oom_park);
+    RUN(test_oom_park_replacing);
+    RUN(test_outcome_names);
+    RUN(test_model);
+    return unit_finish();
+}
