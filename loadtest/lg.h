@@ -34,6 +34,7 @@ typedef struct {
   long cycles;          /* churn */
   long churn_warmup;
   int concurrency;      /* churn */
+  int abort_rst;        /* churn: abort with RST instead of FIN */
   int scale_small;
   int scale_large;
   long scale_misskeys;
@@ -94,6 +95,8 @@ int lg_conn_send(lg_conn_t *c, const char *buf, size_t len);
 int lg_conn_send_fixed(lg_conn_t *c);
 /* Closes <c>; on_close runs later. Safe to call twice. */
 void lg_conn_close(lg_conn_t *c);
+/* Closes <c> with a reset (SO_LINGER 0): no TIME_WAIT on our side. */
+void lg_conn_reset(lg_conn_t *c);
 /* Frees the buffers of a closed connection. */
 void lg_conn_release(lg_conn_t *c);
 /* Total connect failures and read errors seen. */

@@ -136,6 +136,15 @@ void lg_conn_close(lg_conn_t *c)
   uv_close((uv_handle_t *)&c->tcp, close_cb);
 }
 
+void lg_conn_reset(lg_conn_t *c)
+{
+  if (c->state == LG_IDLE || c->state == LG_CLOSING)
+    return;
+  c->state = LG_CLOSING;
+  if (uv_tcp_close_reset(&c->tcp, close_cb) != 0)
+    uv_close((uv_handle_t *)&c->tcp, close_cb);
+}
+
 void lg_conn_release(lg_conn_t *c)
 {
   free(c->body);

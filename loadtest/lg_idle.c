@@ -190,7 +190,10 @@ static void churn_connected(lg_conn_t *c, int err)
 static void churn_written(lg_conn_t *c, int err)
 {
   (void)err;
-  lg_conn_close(c);
+  if (opts->abort_rst)
+    lg_conn_reset(c);
+  else
+    lg_conn_close(c);
 }
 
 static void churn_resp(lg_conn_t *c, int status, const char *body, size_t len)

@@ -149,6 +149,7 @@ static void usage(FILE *f)
           "  --cycles N                churn: connect-park-abort cycles (200000)\n"
           "  --churn-warmup N          churn: warm-up cycles before the baseline (20000)\n"
           "  --concurrency N           churn: cycles in flight (64)\n"
+          "  --abort fin|rst           churn: how a poll is aborted (fin, as fetch does)\n"
           "  --scale-small N --scale-large N --scale-rate R --scale-miss-keys N\n"
           "                            scale: parked counts (1000, 18000), rate (5000),\n"
           "                            never-parked key space (100000)\n"
@@ -174,7 +175,7 @@ static int parse_args(int argc, char **argv, lg_opts_t *o, char **scenarios)
 {
   enum { O_TARGET = 1000, O_PROTO, O_PID, O_LABEL, O_METRICS, O_DUR, O_WARM, O_CTL, O_DISP,
          O_RATE, O_PACE, O_KEYS, O_PARKED, O_CYCLES, O_CWARM, O_CONC, O_SSMALL, O_SLARGE,
-         O_SRATE, O_SMISS, O_SRC, O_PROBE, O_JSON, O_HELP };
+         O_SRATE, O_SMISS, O_SRC, O_PROBE, O_ABORT, O_JSON, O_HELP };
   static const struct option lo[] = {
       {"target", 1, 0, O_TARGET},       {"proto", 1, 0, O_PROTO},
       {"server-pid", 1, 0, O_PID},      {"label", 1, 0, O_LABEL},
@@ -187,6 +188,7 @@ static int parse_args(int argc, char **argv, lg_opts_t *o, char **scenarios)
       {"scale-small", 1, 0, O_SSMALL},  {"scale-large", 1, 0, O_SLARGE},
       {"scale-rate", 1, 0, O_SRATE},    {"scale-miss-keys", 1, 0, O_SMISS},
       {"source-addrs", 1, 0, O_SRC},    {"probe", 1, 0, O_PROBE},
+      {"abort", 1, 0, O_ABORT},
       {"json", 0, 0, O_JSON},           {"help", 0, 0, O_HELP},
       {0, 0, 0, 0}};
   int ch;
@@ -218,6 +220,7 @@ static int parse_args(int argc, char **argv, lg_opts_t *o, char **scenarios)
     case O_SMISS: o->scale_misskeys = atol(optarg); break;
     case O_SRC: o->source_addrs = atoi(optarg); break;
     case O_PROBE: o->probe_path = optarg; break;
+    case O_ABORT: o->abort_rst = strcmp(optarg, "rst") == 0; break;
     case O_JSON: o->json_only = 1; break;
     case O_HELP: usage(stdout); exit(0);
     default: return -1;

@@ -112,6 +112,8 @@ static int start(server *s)
                ? "\"address\":\"[%s]:%u\",\"version\":\"" PL_VERSION "\""
                : "\"address\":\"%s:%u\",\"version\":\"" PL_VERSION "\"",
            cfg->listen_host, port);
+    PL_LOG(PL_LOG_DEBUG, "sizes", "\"connection_bytes\":%zu,\"waiter_bytes\":%zu",
+           pl_conn_size(), pl_engine_waiter_size(0));
     uv_signal_init(&s->loop, &s->sigterm);
     uv_signal_init(&s->loop, &s->sigint);
     uv_timer_init(&s->loop, &s->drain_timer);
