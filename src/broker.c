@@ -261,11 +261,11 @@ static int path_is(const pl_request *req, const char *path)
 void pl_broker_on_request(void *app, pl_conn *c, const pl_request *req)
 {
     pl_broker *b = app;
-    int get = req->method == HTTP_GET;
+    int get = req->method == HTTP_GET || req->method == HTTP_HEAD;
 
     if (path_is(req, "/warm-start")) {
         pl_conn_set_tag(c, req->method == HTTP_POST ? PL_ROUTE_DISPATCH : PL_ROUTE_PARK);
-        if (get)
+        if (req->method == HTTP_GET)
             handle_park(b, c, req);
         else if (req->method == HTTP_POST)
             handle_dispatch(b, c, req);

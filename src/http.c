@@ -52,6 +52,7 @@ struct pl_conn {
     unsigned in_parse : 1;     /* inside conn_execute() */
     unsigned in_msg : 1;       /* a request has begun arriving */
     unsigned keep_alive : 1;
+    unsigned head : 1;         /* a HEAD request: headers only */
     unsigned finishing : 1;    /* last answer sent; shutting down */
     unsigned closing : 1;
 };
@@ -310,7 +311,7 @@ int pl_conn_respond(pl_conn *c, int status, const char *content_type,
     bufs[0] = uv_buf_init(head, (unsigned)n);
     bufs[1] = uv_buf_init((char *)body, (unsigned)len);
     c->pending = 0;
-    if (conn_write(c, bufs, len > 0 ? 2 : 1) != 0)
+    if (conn_write(c, bufs, len > 0 && !c->head ? 2 : 1) != 0)
         return -1;
     if (h->cb.on_response)
         h->cb.on_response(h->app, c->tag, status);
@@ -395,6 +396,7 @@ static int on_message_begin(llhttp_t *p)
     c->cur_hdr = H_OTHER;
     c->hname_len = 0;
     c->tag = 0;
+    c->head = 0;
     list_add(c, TL_REQUEST);
     return 0;
 }
@@ -488,6 +490,7 @@ static int on_headers_complete(llhttp_t *p)
     const pl_http_limits *lim = &c->http->limits;
 
     c->keep_alive = llhttp_should_keep_alive(p) && !p->upgrade;
+    c->head = p->method == HTTP_HEAD;
     if (p->http_major == 1 && p->http_minor >= 1 && !(c->seen & (1u << H_HOST)))
         return fail(c, 400, "missing Host header");
     if ((p->flags & F_CONTENT_LENGTH) && p->content_length > lim->max_body_bytes)
@@ -533,8 +536,18 @@ static void conn_dispatch(pl_conn *c)
     memset(&req, 0, sizeof(req));
     req.method = c->parser.method;
     req.path = c->req + c->url_off;
-    q = memchr(req.path, '?', c->url_len);
-    req.path_len = q ? (size_t)(q - req.path) : c->url_len;
+    req.path_len = c->url_len;
+    if (req.path_len > 0 && req.path[0] != '/') {
+        /* absolute-form (RFC 9112 3.2.2): skip scheme and authority */
+        const char *auth = memmem(req.path, req.path_len, "://", 3);
+        const char *slash = auth ? memchr(auth + 3, '/', req.path_len - (size_t)(auth + 3 - req.path)) : NULL;
+        size_t skip = slash ? (size_t)(slash - req.path) : 0;
+        req.path += skip;
+        req.path_len -= skip;
+    }
+    q = memchr(req.path, '?', req.path_len);
+    if (q)
+        req.path_len = (size_t)(q - req.path);
     for (int i = 0; i < PL_HDR__COUNT; i++) {
         if (c->seen & (1u << i)) {
             req.header[i] = c->req + c->hdr_off[i];
