@@ -8,7 +8,7 @@
 
 #include "pilotlight/config.h"
 
-typedef enum { T_U64, T_LISTEN, T_ORDER, T_LEVEL } setting_type;
+typedef enum { T_U64, T_LISTEN, T_CHOICE } setting_type;
 
 typedef struct {
     const char *name; /* file name; env is PILOTLIGHT_<NAME>, flag --na-me */
@@ -17,23 +17,45 @@ typedef struct {
     uint64_t min, max;
     const char *def;
     const char *help;
+    const char *const *choices; /* T_CHOICE: names of values 0, 1, ... */
 } setting;
 
 #define U64(field, lo, hi, d, h) \
-    {#field, T_U64, offsetof(pl_config, field), lo, hi, d, h}
+    {#field, T_U64, offsetof(pl_config, field), lo, hi, d, h, NULL}
+#define CHOICE(field, names, d, h) \
+    {#field, T_CHOICE, offsetof(pl_config, field), 0, 0, d, h, names}
+
+static const char *const order_names[] = {"fifo", "lifo", NULL};
+static const char *const level_names[] = {"error", "warn", "info", "debug", NULL};
+static const char *const delivery_names[] = {"written", "confirm", NULL};
 #define DAY_MS 86400000ULL
 
 static const setting settings[] = {
     {"listen", T_LISTEN, 0, 0, 0, "0.0.0.0:8080",
-     "address for controllers and dispatchers, HOST:PORT (port 0 picks one)"},
+     "address for controllers and dispatchers, HOST:PORT (port 0 picks one)", NULL},
     U64(connection_timeout_ms, 1, DAY_MS, "30000",
         "connectionTimeoutMs served by /connect: how long a controller holds a poll"),
     U64(keepalive_ms, 1, 30 * DAY_MS, "300000",
         "keepaliveMs served by /connect: how long a controller keeps polling"),
     U64(park_timeout_ms, 0, DAY_MS, "0",
         "server-side poll timeout (204); 0 = connection_timeout_ms + 5000"),
-    {"match_order", T_ORDER, offsetof(pl_config, match_order), 0, 0, "fifo",
-     "which parked poll of a key gets a run: fifo (oldest) or lifo (newest)"},
+    CHOICE(match_order, order_names, "fifo",
+           "which parked poll of a key gets a run: fifo (oldest) or lifo (newest)"),
+    CHOICE(delivery, delivery_names, "written",
+           "when a dispatch is true: written (a live socket took the payload) or "
+           "confirm (the controller's TCP stack acknowledged it)"),
+    U64(confirm_timeout_ms, 1, 60000, "200",
+        "delivery = confirm: wait this long for the acknowledgement, then reset "
+        "and offer the run to the next poll"),
+    U64(tcp_keepalive_idle_s, 0, 86400, "10",
+        "parked connections: idle seconds before TCP keepalive probes (0 = system)"),
+    U64(tcp_keepalive_interval_s, 0, 86400, "5",
+        "parked connections: seconds between keepalive probes (0 = system)"),
+    U64(tcp_keepalive_count, 0, 100, "3",
+        "parked connections: unanswered probes before the peer is dead (0 = system)"),
+    U64(tcp_user_timeout_ms, 0, 3600000, "25000",
+        "parked connections: TCP_USER_TIMEOUT, longest time sent data may stay "
+        "unacknowledged (0 = system)"),
     U64(max_waiters, 1, 100000000, "100000", "parked polls allowed in all (503 beyond)"),
     U64(max_waiters_per_key, 1, 100000000, "10000",
         "parked polls allowed per key (503 beyond)"),
@@ -49,8 +71,7 @@ static const setting settings[] = {
         "on SIGTERM, longest wait for in-flight requests before exit"),
     U64(drain_delay_ms, 0, DAY_MS, "0",
         "on SIGTERM, how long /readyz answers 503 before the listener closes"),
-    {"log_level", T_LEVEL, offsetof(pl_config, log_level), 0, 0, "info",
-     "error, warn, info or debug"},
+    CHOICE(log_level, level_names, "info", "error, warn, info or debug"),
 };
 
 #define NSETTINGS (sizeof(settings) / sizeof(settings[0]))
@@ -106,17 +127,16 @@ static int apply(pl_config *cfg, const setting *s, const char *v, char *err,
             return 0;
         snprintf(err, errlen, "listen: '%s' is not HOST:PORT with a numeric address", v);
         return -1;
-    case T_ORDER:
-        if (strcmp(v, "fifo") == 0 || strcmp(v, "lifo") == 0) {
-            *(pl_order *)(void *)base = v[0] == 'f' ? PL_ORDER_FIFO : PL_ORDER_LIFO;
-            return 0;
+    case T_CHOICE:
+        for (int i = 0; s->choices[i]; i++) {
+            if (strcmp(v, s->choices[i]) == 0) {
+                memcpy(base, &i, sizeof(int));
+                return 0;
+            }
         }
-        snprintf(err, errlen, "match_order: '%s' is not fifo or lifo", v);
-        return -1;
-    case T_LEVEL:
-        if (pl_log_parse_level(v, (pl_log_level *)(void *)base) == 0)
-            return 0;
-        snprintf(err, errlen, "log_level: '%s' is not error, warn, info or debug", v);
+        n = (unsigned long long)snprintf(err, errlen, "%s: '%s' is not one of", s->name, v);
+        for (int i = 0; s->choices[i] && n < errlen; i++)
+            n += (unsigned long long)snprintf(err + n, errlen - n, " %s", s->choices[i]);
         return -1;
     case T_U64:
         errno = 0;
@@ -313,12 +333,12 @@ static void print_value(const pl_config *cfg, const setting *s, FILE *out)
         fprintf(out, strchr(cfg->listen_host, ':') ? "[%s]:%u" : "%s:%u",
                 cfg->listen_host, cfg->listen_port);
         break;
-    case T_ORDER:
-        fputs(*(const pl_order *)(const void *)base == PL_ORDER_FIFO ? "fifo" : "lifo", out);
+    case T_CHOICE: {
+        int i;
+        memcpy(&i, base, sizeof(int));
+        fputs(s->choices[i], out);
         break;
-    case T_LEVEL:
-        fputs(pl_log_level_name(*(const pl_log_level *)(const void *)base), out);
-        break;
+    }
     case T_U64: {
         uint64_t v;
         memcpy(&v, base, sizeof(v));

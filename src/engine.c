@@ -191,7 +191,6 @@ static void unlink_waiter(pl_engine *e, pl_waiter *w)
         e->newest = w->tprev;
 
     HASH_DELETE(hh, e->by_id, w);
-    e->ledger.parked_now--;
     drop_entry_if_empty(e, ent);
 }
 
@@ -206,6 +205,16 @@ static int ledger_balanced(const pl_ledger *l)
 
 /* The one exit of a waiter. <w> may be parked (linked) or not yet linked
  * (rejected at park). Returns the settle callback's answer. */
+/* Counts <w>'s outcome and frees it. */
+static void retire(pl_engine *e, pl_waiter *w, pl_outcome outcome, int linked)
+{
+    if (linked)
+        e->ledger.parked_now--;
+    e->ledger.settled[outcome]++;
+    assert(ledger_balanced(&e->ledger));
+    pl_free(w);
+}
+
 static int settle(pl_engine *e, pl_waiter *w, pl_outcome outcome,
                   const void *arg, int linked)
 {
@@ -214,12 +223,17 @@ static int settle(pl_engine *e, pl_waiter *w, pl_outcome outcome,
     if (linked)
         unlink_waiter(e, w);
     rc = e->opts.settle(w->owner, outcome, arg);
+    if (outcome == PL_OUTCOME_MATCHED && rc == PL_SETTLE_PENDING)
+        return rc; /* still counted as parked until pl_engine_confirm() */
     if (outcome == PL_OUTCOME_MATCHED && rc != 0)
         outcome = PL_OUTCOME_DISCONNECT;
-    e->ledger.settled[outcome]++;
-    assert(ledger_balanced(&e->ledger));
-    pl_free(w);
+    retire(e, w, outcome, linked);
     return rc;
+}
+
+void pl_engine_confirm(pl_engine *e, pl_waiter *w, int delivered)
+{
+    retire(e, w, delivered ? PL_OUTCOME_MATCHED : PL_OUTCOME_DISCONNECT, 1);
 }
 
 void pl_engine_settle(pl_engine *e, pl_waiter *w, pl_outcome outcome)
@@ -314,10 +328,12 @@ int pl_engine_deliver(pl_engine *e, const pl_key *key, const void *payload,
         /* Settling the last waiter frees the entry: decide before. */
         pl_entry *next = ent->count > 1 ? ent : NULL;
 
-        if (settle(e, w, PL_OUTCOME_MATCHED, payload, 1) == 0) {
+        int rc = settle(e, w, PL_OUTCOME_MATCHED, payload, 1);
+
+        if (rc == 0 || rc == PL_SETTLE_PENDING) {
             if (waited_ms)
                 *waited_ms = now >= parked_at ? now - parked_at : 0;
-            return 1;
+            return rc == 0 ? PL_DELIVERED : PL_DELIVERY_PENDING;
         }
         ent = next;
     }

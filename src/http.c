@@ -4,6 +4,12 @@
 #include <string.h>
 #include <strings.h>
 
+#include <linux/sockios.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+
 #include <llhttp.h>
 
 #include "pilotlight/http.h"
@@ -46,7 +52,7 @@ struct pl_conn {
     uint32_t head_bytes;
     uint16_t nheaders, err_status;
     const char *err_msg;
-    uint8_t list, tag, cur_hdr, hname_len;
+    uint8_t list, tag, data_kind, cur_hdr, hname_len;
     char hname[40];
     unsigned pending : 1;      /* request handed over, not yet answered */
     unsigned in_parse : 1;     /* inside conn_execute() */
@@ -55,6 +61,7 @@ struct pl_conn {
     unsigned head : 1;         /* a HEAD request: headers only */
     unsigned finishing : 1;    /* last answer sent; shutting down */
     unsigned closing : 1;
+    unsigned tuned : 1;        /* dead-peer detection is on */
 };
 
 struct pl_http {
@@ -726,13 +733,71 @@ void pl_conn_set_tag(pl_conn *c, unsigned tag)
     c->tag = (uint8_t)tag;
 }
 
-void pl_conn_set_data(pl_conn *c, void *data)
+void pl_conn_abort(pl_conn *c)
 {
-    c->data = data;
+    struct linger lg = {1, 0};
+    uv_os_fd_t fd;
+
+    if (c->closing)
+        return;
+    if (uv_fileno((uv_handle_t *)&c->tcp, &fd) == 0)
+        setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+    conn_close(c);
 }
 
-void *pl_conn_data(const pl_conn *c)
+int pl_conn_acknowledged(const pl_conn *c)
 {
+    struct tcp_info ti;
+    socklen_t len = sizeof(ti);
+    uv_os_fd_t fd;
+    int outq = 0;
+
+    /* Not c->closing: on_close asks this while the descriptor is open. */
+    if (uv_fileno((const uv_handle_t *)&c->tcp, &fd) != 0 ||
+        getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0)
+        return -1;
+    if (ti.tcpi_state != TCP_ESTABLISHED && ti.tcpi_state != TCP_CLOSE_WAIT)
+        return -1;
+    if (uv_stream_get_write_queue_size((const uv_stream_t *)&c->tcp) > 0 ||
+        ioctl(fd, SIOCOUTQ, &outq) != 0)
+        return 0;
+    return outq == 0;
+}
+
+void pl_conn_detect_dead_peer(pl_conn *c, unsigned idle_s, unsigned interval_s,
+                              unsigned count, unsigned user_timeout_ms)
+{
+    uv_os_fd_t fd;
+    int on = 1, v;
+
+    if (c->tuned || uv_fileno((uv_handle_t *)&c->tcp, &fd) != 0)
+        return;
+    c->tuned = 1;
+    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof(on));
+    if ((v = (int)idle_s) > 0)
+        setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &v, sizeof(v));
+    if ((v = (int)interval_s) > 0)
+        setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &v, sizeof(v));
+    if ((v = (int)count) > 0)
+        setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &v, sizeof(v));
+    if ((v = (int)user_timeout_ms) > 0)
+        setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &v, sizeof(v));
+}
+
+void *pl_conn_app(const pl_conn *c)
+{
+    return c->http->app;
+}
+
+void pl_conn_set_data(pl_conn *c, void *data, unsigned kind)
+{
+    c->data = data;
+    c->data_kind = data ? (uint8_t)kind : 0;
+}
+
+void *pl_conn_data(const pl_conn *c, unsigned *kind)
+{
+    *kind = c->data_kind;
     return c->data;
 }
 

@@ -10,22 +10,6 @@ pl_log_level pl_log_threshold = PL_LOG_INFO;
 
 static const char *const level_names[] = {"error", "warn", "info", "debug"};
 
-const char *pl_log_level_name(pl_log_level level)
-{
-    return level_names[level];
-}
-
-int pl_log_parse_level(const char *s, pl_log_level *out)
-{
-    for (int i = 0; i <= PL_LOG_DEBUG; i++) {
-        if (strcmp(s, level_names[i]) == 0) {
-            *out = (pl_log_level)i;
-            return 0;
-        }
-    }
-    return -1;
-}
-
 size_t pl_log_escape(char *out, size_t cap, const char *s, size_t len)
 {
     static const char hex[] = "0123456789abcdef";

@@ -57,7 +57,7 @@ int main(int argc, char **argv)
     case PL_CONFIG_RUN:
         break;
     }
-    pl_log_threshold = cfg.log_level;
+    pl_log_threshold = (pl_log_level)cfg.log_level;
     signal(SIGPIPE, SIG_IGN);
     raise_fd_limit(&cfg);
     pl_message_init();

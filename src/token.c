@@ -24,9 +24,10 @@ static int cache_oom;
 #define TOKEN_ISSUER "https://id.trigger.dev"
 #define TOKEN_AUDIENCE "https://api.trigger.dev"
 #define TOKEN_VERSION 1.0
-/* base64url of a 32-byte HMAC-SHA256 without padding. */
-#define SIG_B64_LEN 43
+/* An HMAC-SHA256 is 32 bytes (43 base64url characters); longer signature
+ * segments than SIG_B64_MAX are refused without decoding. */
 #define SIG_LEN 32
+#define SIG_B64_MAX 64
 
 typedef struct cache_entry {
     UT_hash_handle hh;                 /* by exact token bytes */
@@ -277,11 +278,17 @@ static const char *check_header(const cJSON *hdr)
 static const char *check_signature(const pl_token_verifier *v, const char *s,
                                    size_t signed_len, const char *sig, size_t sig_len)
 {
-    unsigned char given[SIG_LEN + 3], mac[EVP_MAX_MD_SIZE];
+    unsigned char given[SIG_B64_MAX / 4 * 3], mac[EVP_MAX_MD_SIZE];
     unsigned int mac_len = 0;
+    long n;
 
-    if (sig_len != SIG_B64_LEN || b64url_decode(sig, sig_len, given, 1) != SIG_LEN)
+    if (sig_len > SIG_B64_MAX)
+        return "bad_signature";
+    n = b64url_decode(sig, sig_len, given, 1);
+    if (n < 0)
         return "bad_base64";
+    if (n != SIG_LEN) /* the length check before the constant-time compare */
+        return "bad_signature";
     if (HMAC(EVP_sha256(), v->secret, (int)v->secret_len, (const unsigned char *)s,
              signed_len, mac, &mac_len) == NULL || mac_len != SIG_LEN)
         return "bad_signature";

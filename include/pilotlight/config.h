@@ -18,7 +18,13 @@ typedef struct {
     uint64_t connection_timeout_ms; /* served by /connect */
     uint64_t keepalive_ms;          /* served by /connect */
     uint64_t park_timeout_ms;       /* 0 in input: connection_timeout + 5 s */
-    pl_order match_order;
+    int match_order;          /* pl_order */
+    int delivery;             /* PL_DELIVERY_* */
+    uint64_t confirm_timeout_ms;
+    uint64_t tcp_keepalive_idle_s;
+    uint64_t tcp_keepalive_interval_s;
+    uint64_t tcp_keepalive_count;
+    uint64_t tcp_user_timeout_ms;
     uint64_t max_waiters;
     uint64_t max_waiters_per_key;
     uint64_t max_connections;
@@ -29,8 +35,10 @@ typedef struct {
     uint64_t idle_timeout_ms;
     uint64_t shutdown_timeout_ms;
     uint64_t drain_delay_ms;
-    pl_log_level log_level;
+    int log_level;            /* pl_log_level */
 } pl_config;
+
+enum { PL_DELIVERY_WRITTEN = 0, PL_DELIVERY_CONFIRM = 1 };
 
 typedef enum {
     PL_CONFIG_RUN = 0,

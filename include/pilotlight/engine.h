@@ -28,15 +28,20 @@ typedef enum {
 
 typedef enum { PL_ORDER_FIFO = 0, PL_ORDER_LIFO } pl_order;
 
-/* Called exactly once per waiter, from inside the engine, just before the
- * waiter is freed. <owner> is what was given to pl_engine_park(). <arg> is
- * the payload for PL_OUTCOME_MATCHED and a reason string for
+/* Called exactly once per waiter, from inside the engine, once the waiter
+ * has left every queue. <owner> is what was given to pl_engine_park(). <arg>
+ * is the payload for PL_OUTCOME_MATCHED and a reason string for
  * PL_OUTCOME_REJECTED, NULL otherwise. For MATCHED the callback returns 0 if
- * the payload was handed to a live client, non-zero if the client is already
- * gone (the engine then records a disconnect and tries the next waiter).
- * The return value is ignored for other outcomes. The callback must not call
- * back into the engine. */
+ * the payload was handed to a live client, PL_SETTLE_PENDING if it was
+ * written but its delivery is still to be confirmed (the waiter then stays
+ * counted as parked, out of every queue, until pl_engine_confirm()), and any
+ * other value if the client is already gone (the engine then records a
+ * disconnect and tries the next waiter). The return value is ignored for
+ * other outcomes. Except for a pending delivery, the waiter is freed when the
+ * callback returns. The callback must not call back into the engine. */
 typedef int (*pl_settle_cb)(void *owner, pl_outcome outcome, const void *arg);
+
+#define PL_SETTLE_PENDING 1
 
 typedef struct {
     pl_order order;
@@ -77,11 +82,20 @@ int pl_engine_park(pl_engine *e, const pl_key *key, const char *id,
 void pl_engine_settle(pl_engine *e, pl_waiter *w, pl_outcome outcome);
 
 /* Offers <payload> to the waiters of <key> in match order until one accepts.
- * Waiters whose callback refuses are settled DISCONNECT. Returns 1 when a
- * waiter took it (and sets *waited_ms, if given, to how long it was parked),
- * 0 when nobody did; nothing is queued either way. */
+ * Waiters whose callback refuses are settled DISCONNECT. Returns
+ * PL_DELIVERED when a waiter took it, PL_DELIVERY_PENDING when the taking
+ * waiter's callback left it to be confirmed (then sets *waited_ms, if given,
+ * to how long that waiter was parked), or 0 when nobody took it; nothing is
+ * queued either way. */
 int pl_engine_deliver(pl_engine *e, const pl_key *key, const void *payload,
                       uint64_t now, uint64_t *waited_ms);
+
+#define PL_DELIVERED 1
+#define PL_DELIVERY_PENDING 2
+
+/* Ends a delivery left pending: counts <w> as matched when <delivered> is
+ * non-zero, else as a disconnect, and frees it. No callback runs. */
+void pl_engine_confirm(pl_engine *e, pl_waiter *w, int delivered);
 
 /* Settles as TIMEOUT every waiter parked at or before now - park_timeout.
  * Returns how many. */

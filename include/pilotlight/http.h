@@ -95,11 +95,31 @@ int pl_conn_respond(pl_conn *c, int status, const char *content_type,
 /* Closes <c> without a response. */
 void pl_conn_close(pl_conn *c);
 
+/* Closes <c> with a reset (RST), dropping whatever it has not yet sent, so
+ * no stale bytes reach the client later. */
+void pl_conn_abort(pl_conn *c);
+
+/* Whether the client's TCP stack has acknowledged every byte written to <c>:
+ * returns 1 when it has, 0 when bytes are still unsent or unacknowledged on
+ * a live connection, -1 when the connection has failed or is closing. */
+int pl_conn_acknowledged(const pl_conn *c);
+
+/* Turns on TCP keepalive and TCP_USER_TIMEOUT for <c> (once per connection;
+ * later calls do nothing), so a peer that vanished without FIN or RST is
+ * found while <c> waits. Zero values leave the system's defaults. */
+void pl_conn_detect_dead_peer(pl_conn *c, unsigned idle_s, unsigned interval_s,
+                              unsigned count, unsigned user_timeout_ms);
+
+/* The <app> pointer of the server <c> belongs to. */
+void *pl_conn_app(const pl_conn *c);
+
 /* Tags the current request (e.g. with its route) for on_response. */
 void pl_conn_set_tag(pl_conn *c, unsigned tag);
 
-void pl_conn_set_data(pl_conn *c, void *data);
-void *pl_conn_data(const pl_conn *c);
+/* The application's pointer for <c>, with a <kind> of its choosing (0 when
+ * none is set); on_close fires only while one is set. */
+void pl_conn_set_data(pl_conn *c, void *data, unsigned kind);
+void *pl_conn_data(const pl_conn *c, unsigned *kind);
 
 /* Bytes a connection costs the server while it waits (struct sizes). */
 size_t pl_conn_size(void);

@@ -20,10 +20,6 @@ void pl_log_write(pl_log_level level, const char *msg, const char *fields, ...)
             pl_log_write((level), __VA_ARGS__); \
     } while (0)
 
-/* Parses "error", "warn", "info" or "debug". Returns 0, or -1 if unknown. */
-int pl_log_parse_level(const char *s, pl_log_level *out);
-const char *pl_log_level_name(pl_log_level level);
-
 /* Writes <s> (<len> bytes) as the inside of a JSON string into <out>
  * (<cap> bytes, always NUL-terminated, truncated to fit). Returns the
  * length written. */

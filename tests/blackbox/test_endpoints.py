@@ -3,7 +3,7 @@
 import json
 import time
 
-from conftest import (EXAMPLE, assert_ledger, make_message, poll_headers,
+from conftest import (EXAMPLE, assert_ledger, make_message,
                       read_payload)
 
 
@@ -104,6 +104,16 @@ def test_same_controller_parking_again_replaces_older_poll(server):
     assert read_payload(new) == msg
     # Only one waiter was left: a second dispatch misses.
     assert server.dispatch() is False
+
+
+def test_replacement_chain(server):
+    polls = [server.park(controller_id="controller_chain") for _ in range(4)]
+    for p in polls[:3]:
+        assert p.read_response().status == 409
+    m = assert_ledger(server.metrics())
+    assert m.settled("replaced") == 3 and m.parked_now == 1
+    assert server.dispatch() is True
+    assert read_payload(polls[3]) == EXAMPLE
 
 
 def test_other_controller_ids_do_not_replace(server):

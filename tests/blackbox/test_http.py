@@ -55,6 +55,25 @@ def test_three_pipelined_healthz_answered_in_order(server):
     assert r.status == 200 and "keepaliveMs" in r.json(), r
 
 
+def test_many_pipelined_requests_in_one_send(server):
+    c = server.conn()
+    c.send(build_request("GET", "/healthz") * 500)
+    for i in range(500):
+        assert c.read_response().status == 200, i
+    assert c.silent_for(0.05)
+
+
+def test_head_response_has_no_body(server):
+    """Whatever the status, a HEAD response carries no content (RFC 9110
+    9.3.2): a pipelined request behind it must parse cleanly."""
+    c = server.conn()
+    c.send(build_request("HEAD", "/healthz") + build_request("GET", "/connect"))
+    r = c.read_response(head_request=True)
+    assert r.status in (200, 405), r
+    r = c.read_response()
+    assert r.status == 200 and r.json()["keepaliveMs"] == 300000, r
+
+
 def test_request_pipelined_behind_parked_poll_waits_for_it(server):
     c = server.conn()
     before = server.metrics().parked_total

@@ -7,7 +7,7 @@ import select
 
 import pytest
 
-from conftest import EXAMPLE, make_message, read_payload
+from conftest import make_message, read_payload
 
 
 def message_text(cpu_text, memory_text, run_id="run_numbers"):
@@ -32,6 +32,7 @@ def test_header_numbers_match_json_numbers_written_differently(server):
     ("2", "4", "2.00", "4e0"),
     ("4", "8", "4", "0.8e1"),
     ("0.5", "1", "5E-1", "1.0"),
+    ("1.0", "0.50", "1", "0.5"),
 ])
 def test_numbers_match(server, cpu_hdr, mem_hdr, cpu_json, mem_json):
     w = server.park(cpu=cpu_hdr, memory=mem_hdr)

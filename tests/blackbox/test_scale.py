@@ -3,9 +3,10 @@
 import json
 import selectors
 import socket
+import threading
 import time
 
-from conftest import (HOST, Conn, assert_ledger, build_request, key_of,
+from conftest import (HOST, Conn, assert_ledger, build_request, dispatch, key_of,
                       make_message, poll_headers)
 
 N_KEYS = 100
@@ -169,3 +170,33 @@ def test_disconnects_interleaved_with_dispatch(server):
         got.append(json.loads(one[2])["run"]["friendlyId"])
     got.sort()
     assert got == sorted(f"run_i{i}" for i in range(10))
+
+
+def test_concurrent_dispatches_deliver_each_waiter_once(server):
+    polls = [server.park(wait=False, controller_id=f"controller_cc{i}") for i in range(20)]
+    server.wait_parked(20)
+    results = []
+    lock = threading.Lock()
+
+    def worker(t):
+        for j in range(4):
+            r = dispatch(server.port, make_message(run_id=f"run_cc{t}_{j}"))
+            with lock:
+                results.append(r)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(10)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert len(results) == 40
+    assert sum(results) == 20
+    bufs = collect([p.sock for p in polls], timeout=5)
+    ids = []
+    for b in bufs.values():
+        one = parse_one(b)
+        assert one is not None and one[0] == 200 and one[3] == b"", b[:300]
+        ids.append(json.loads(one[2])["run"]["friendlyId"])
+    assert len(set(ids)) == 20
+    m = assert_ledger(server.metrics())
+    assert m.dispatched("hit") == 20 and m.dispatched("miss") == 20

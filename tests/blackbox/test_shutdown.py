@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from conftest import HOST, get
+from conftest import EXAMPLE, HOST, get, read_payload
 
 
 def test_sigterm_drains_parked_polls_without_response(start_server):
@@ -75,6 +75,8 @@ def test_in_flight_request_finishes_during_drain(start_server):
     time.sleep(0.1)
     s.sigterm()
     time.sleep(0.5)  # past the drain delay: listener closed, request in flight
+    with pytest.raises(OSError):
+        socket.create_connection((HOST, s.port), timeout=1).close()
     c.send(body[5:])
     r = c.read_response()
     assert r.status == 400, r  # answered (the body is invalid), not dropped
@@ -82,3 +84,14 @@ def test_in_flight_request_finishes_during_drain(start_server):
     t0 = time.monotonic()
     assert s.wait_exit() == 0
     assert time.monotonic() - t0 < 1.5, "exit held up after the last connection closed"
+
+
+def test_dispatch_during_drain_delay_still_matches(start_server):
+    """Until the drain delay ends, parked polls are live and can be matched."""
+    s = start_server("--drain-delay-ms", "1000")
+    w = s.park()
+    s.sigterm()
+    time.sleep(0.2)
+    assert s.dispatch() is True
+    assert read_payload(w) == EXAMPLE
+    assert s.wait_exit() == 0

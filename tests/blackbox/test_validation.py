@@ -3,11 +3,10 @@ the 413 / 431 / 414 limits."""
 
 import copy
 import json
-import time
 
 import pytest
 
-from conftest import (EXAMPLE, Conn, assert_ledger, make_message, poll_headers,
+from conftest import (EXAMPLE, assert_ledger, make_message, poll_headers,
                       read_payload)
 
 
@@ -163,7 +162,17 @@ def test_body_over_limit_is_413_before_body_is_sent(start_server):
            b"Content-Length: 5000\r\n\r\n")
     r = c.read_response(timeout=3)  # decided from Content-Length alone
     assert r.status == 413, r
+    assert c.wait_closed(timeout=3) == b""  # the unread body cannot be skipped
     assert s.metrics().dispatched("hit") == 0
+
+
+def test_expect_100_continue_over_limit_gets_413_not_100(start_server):
+    s = start_server("--max-body-bytes", "1024")
+    c = s.conn()
+    c.send(b"POST /warm-start HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+           b"Expect: 100-continue\r\nContent-Length: 5000\r\n\r\n")
+    r = c.read_response(timeout=3)
+    assert r.status == 413, r
 
 
 def test_body_at_limit_is_accepted(start_server):
@@ -228,3 +237,13 @@ def test_url_over_limit_is_414(start_server):
         pass
     r = c.read_response(timeout=3)
     assert r.status == 414, r
+
+
+def test_deeply_nested_body_is_400_and_server_lives(server):
+    w = server.park()
+    for body in (b"[" * 200000,
+                 b'{"dequeuedMessage":' + b'{"a":' * 50000 + b"1" + b"}" * 50000 + b"}"):
+        r = server.dispatch_raw(body)
+        assert r.status == 400, r
+    assert server.dispatch() is True
+    assert read_payload(w) == EXAMPLE

@@ -16,6 +16,7 @@ typedef struct {
     pl_outcome outcome; /* the last outcome it gave */
     const void *arg;
     int refuse;         /* answer MATCHED with "client gone" */
+    int pending;        /* answer MATCHED with "written, to be confirmed" */
     pl_waiter *w;       /* from pl_engine_park() */
     /* used by the model test */
     int key, id;
@@ -52,7 +53,9 @@ static int settle_cb(void *owner, pl_outcome outcome, const void *arg)
         settle_log[log_len].outcome = outcome;
         log_len++;
     }
-    return outcome == PL_OUTCOME_MATCHED ? o->refuse : 0;
+    if (outcome == PL_OUTCOME_MATCHED && o->pending)
+        return PL_SETTLE_PENDING;
+    return outcome == PL_OUTCOME_MATCHED && o->refuse ? -1 : 0;
 }
 
 /* ---- helpers ------------------------------------------------------------ */
@@ -1156,6 +1159,44 @@ static void test_model(void)
     }
 }
 
+/* A delivery left pending stays counted as parked, out of every queue,
+ * until pl_engine_confirm() says how it ended. */
+static void test_pending_delivery(void)
+{
+    pl_engine *e = engine(PL_ORDER_FIFO, 0, 0, 100);
+    owner_t a, b;
+    pl_waiter *wa, *wb;
+    int payload = 7;
+    uint64_t waited = 0, due;
+    const pl_ledger *l = pl_engine_ledger(e);
+
+    memset(&a, 0, sizeof(a));
+    memset(&b, 0, sizeof(b));
+    a.pending = b.pending = 1;
+    CHECK_EQ(pl_engine_park(e, &KA, "a", 1, &a, 10, &wa), 0);
+    CHECK_EQ(pl_engine_park(e, &KA, "b", 1, &b, 20, &wb), 0);
+    CHECK_EQ(pl_engine_deliver(e, &KA, &payload, 50, &waited), PL_DELIVERY_PENDING);
+    CHECK_EQ(waited, 40);
+    CHECK_EQ(a.calls, 1);
+    CHECK_EQ(l->parked_now, 2);             /* a is pending, b parked */
+    CHECK_EQ(pl_engine_waiting(e, &KA), 1); /* but only b can be matched */
+    CHECK_EQ(pl_engine_next_deadline(e, &due), 0);
+    CHECK_EQ(due, 120);                     /* a left the time list */
+    CHECK_EQ(pl_engine_expire(e, 115), 0);  /* nor can a time out */
+    CHECK_EQ(a.calls, 1);
+    pl_engine_confirm(e, wa, 0);            /* not acknowledged */
+    CHECK_EQ(l->settled[PL_OUTCOME_DISCONNECT], 1);
+    CHECK_EQ(l->parked_now, 1);
+    CHECK_EQ(pl_engine_deliver(e, &KA, &payload, 60, &waited), PL_DELIVERY_PENDING);
+    CHECK_EQ(pl_engine_key_count(e), 0);
+    pl_engine_confirm(e, wb, 1);
+    CHECK_EQ(l->settled[PL_OUTCOME_MATCHED], 1);
+    CHECK_EQ(l->parked_now, 0);
+    CHECK_EQ(l->parked_total, 2);
+    CHECK_EQ(b.calls, 1);
+    pl_engine_free(e);
+}
+
 int main(void)
 {
     RUN(test_park_and_match);
@@ -1169,6 +1210,7 @@ int main(void)
     RUN(test_caps_reject);
     RUN(test_key_entry_freed);
     RUN(test_deliver_skips_refusing);
+    RUN(test_pending_delivery);
     RUN(test_expire_and_deadline);
     RUN(test_drain);
     RUN(test_free_settles_remaining);
