@@ -1,8 +1,11 @@
 /* broker.c -- the endpoints of PROTOCOL.md, on top of the engine. */
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
+#include <time.h>
 
 #include <llhttp.h>
+#include <openssl/crypto.h>
 
 #include "pilotlight/broker.h"
 #include "pilotlight/log.h"
@@ -33,11 +36,19 @@ struct confirm {
     char data[];
 };
 
+/* One listener's view of the broker: the <app> of its pl_http. */
+typedef struct {
+    pl_broker *b;
+    unsigned serves; /* PL_SERVE_* */
+} side;
+
 struct pl_broker {
     uv_loop_t *loop;
     const pl_config *cfg;
-    const pl_http *http;
+    const pl_http *https[2];
+    side sides[2];
     pl_engine *engine;
+    pl_token_verifier *verifier; /* NULL when token_mode is disabled */
     uv_timer_t timer;         /* the engine's next park timeout */
     uv_timer_t confirm_timer; /* polls pending confirmations */
     confirm *confirms;
@@ -68,7 +79,7 @@ static int on_settle(void *owner, pl_outcome outcome, const void *arg)
 {
     pl_conn *c = owner;
     const pl_message *m = arg;
-    pl_broker *b = pl_conn_app(c);
+    pl_broker *b = ((side *)pl_conn_app(c))->b;
     unsigned kind;
     pl_waiter *w = pl_conn_data(c, &kind);
 
@@ -136,7 +147,11 @@ pl_broker *pl_broker_new(uv_loop_t *loop, const pl_config *cfg)
         return NULL;
     memset(b, 0, offsetof(pl_broker, metrics_buf));
     b->engine = pl_engine_new(&opts);
-    if (b->engine == NULL) {
+    if (cfg->token_mode != PL_TOKEN_MODE_DISABLED)
+        b->verifier = pl_token_verifier_new((const unsigned char *)cfg->token_secret,
+                                            strlen(cfg->token_secret));
+    if (b->engine == NULL || (cfg->token_mode != PL_TOKEN_MODE_DISABLED && b->verifier == NULL)) {
+        pl_engine_free(b->engine);
         pl_free(b);
         return NULL;
     }
@@ -153,9 +168,18 @@ pl_broker *pl_broker_new(uv_loop_t *loop, const pl_config *cfg)
     return b;
 }
 
+void *pl_broker_side(pl_broker *b, unsigned serves)
+{
+    side *sd = &b->sides[serves == PL_SERVE_DISPATCH ? 1 : 0];
+
+    sd->b = b;
+    sd->serves = serves;
+    return sd;
+}
+
 void pl_broker_attach(pl_broker *b, const pl_http *h)
 {
-    b->http = h;
+    b->https[b->https[0] != NULL] = h;
 }
 
 /* ---- GET /warm-start: park ---- */
@@ -166,62 +190,115 @@ static const char *const header_names[PL_HDR__COUNT] = {
     "x-trigger-machine-memory", "authorization",
 };
 
-/* Fills <key> from the poll's headers; <dep> receives a token's deployment
- * claim. Returns NULL, or the error message for a 400 in <msg>. */
-static const char *key_from_headers(const pl_request *req, pl_key *key,
-                                    char *dep, char *msg, size_t msglen)
+/* Reads the key's deployment from the x-trigger-deployment-id header into
+ * <key>, verifying a token as token_mode says (<claims> holds the strings).
+ * Returns 0, or 400 or 401 with *err set. */
+static int deployment_from_header(pl_broker *b, const pl_request *req, pl_key *key,
+                                  pl_token_claims *claims, const char **err)
+{
+    const char *id = req->header[PL_HDR_DEPLOYMENT_ID];
+    size_t len = req->header_len[PL_HDR_DEPLOYMENT_ID];
+    const char *ver = req->header[PL_HDR_DEPLOYMENT_VERSION];
+    size_t vlen = req->header_len[PL_HDR_DEPLOYMENT_VERSION];
+
+    if (b->verifier != NULL) {
+        struct timespec ts;
+        const char *why = "";
+        pl_token_result r;
+
+        clock_gettime(CLOCK_REALTIME, &ts);
+        r = pl_token_verify(b->verifier, id, len, (double)ts.tv_sec + ts.tv_nsec / 1e9,
+                            claims, &why);
+        if (r == PL_TOKEN_VALID &&
+            (strlen(claims->deployment_version) != vlen ||
+             memcmp(claims->deployment_version, ver, vlen) != 0)) {
+            r = PL_TOKEN_INVALID; /* signed for another version */
+            why = "version_mismatch";
+        }
+        b->metrics.token[r]++;
+        if (r == PL_TOKEN_VALID) {
+            key->deployment = claims->deployment;
+            key->deployment_len = strlen(claims->deployment);
+            return 0;
+        }
+        PL_LOG(PL_LOG_DEBUG, "deployment token refused", "\"reason\":\"%s\",\"enforced\":%s",
+               why, b->cfg->token_mode == PL_TOKEN_MODE_ENFORCE ? "true" : "false");
+        if (b->cfg->token_mode == PL_TOKEN_MODE_ENFORCE) {
+            *err = r == PL_TOKEN_LEGACY ? "a signed deployment token is required"
+                                        : "invalid deployment token";
+            return 401;
+        }
+    }
+    if (pl_token_is_jwt(id, len)) {
+        /* unverified: the claim names the key, nothing more */
+        long n = pl_token_deployment(id, len, claims->deployment, sizeof(claims->deployment));
+        if (n < 0) {
+            *err = "x-trigger-deployment-id is a token without a deployment claim";
+            return 400;
+        }
+        id = claims->deployment;
+        len = (size_t)n;
+    }
+    if (len > PL_KEY_FIELD_MAX) {
+        *err = "x-trigger-deployment-id is too long";
+        return 400;
+    }
+    key->deployment = id;
+    key->deployment_len = len;
+    return 0;
+}
+
+/* Fills <key> from the poll's headers. Returns 0, or an HTTP status (400,
+ * 401) with the message in *err (<msg> may hold it). */
+static int key_from_headers(pl_broker *b, const pl_request *req, pl_key *key,
+                            pl_token_claims *claims, char *msg, size_t msglen,
+                            const char **err)
 {
     static const pl_header required[] = {
         PL_HDR_CONTROLLER_ID, PL_HDR_DEPLOYMENT_ID, PL_HDR_DEPLOYMENT_VERSION,
         PL_HDR_MACHINE_CPU, PL_HDR_MACHINE_MEMORY,
     };
-    const char *id = req->header[PL_HDR_DEPLOYMENT_ID];
-    size_t id_len = req->header_len[PL_HDR_DEPLOYMENT_ID];
 
     for (size_t i = 0; i < sizeof(required) / sizeof(required[0]); i++) {
         pl_header h = required[i];
         if (req->header[h] == NULL || req->header_len[h] == 0) {
+            if (h == PL_HDR_DEPLOYMENT_ID && b->verifier != NULL)
+                b->metrics.token[PL_TOKEN_ABSENT]++;
             snprintf(msg, msglen, "missing header %s", header_names[h]);
-            return msg;
+            *err = msg;
+            return 400;
         }
     }
+    *err = NULL;
     if (req->header_len[PL_HDR_CONTROLLER_ID] > CONTROLLER_ID_MAX)
-        return "x-trigger-workload-controller-id is too long";
-    if (pl_token_is_jwt(id, id_len)) {
-        long n = pl_token_deployment(id, id_len, dep, PL_KEY_FIELD_MAX + 1);
-        if (n < 0)
-            return "x-trigger-deployment-id is a token without a deployment claim";
-        id = dep;
-        id_len = (size_t)n;
-    }
-    if (id_len > PL_KEY_FIELD_MAX)
-        return "x-trigger-deployment-id is too long";
-    if (req->header_len[PL_HDR_DEPLOYMENT_VERSION] > PL_KEY_FIELD_MAX)
-        return "x-trigger-deployment-version is too long";
-    key->deployment = id;
-    key->deployment_len = id_len;
+        *err = "x-trigger-workload-controller-id is too long";
+    else if (req->header_len[PL_HDR_DEPLOYMENT_VERSION] > PL_KEY_FIELD_MAX)
+        *err = "x-trigger-deployment-version is too long";
+    else if (pl_key_parse_number(req->header[PL_HDR_MACHINE_CPU],
+                                 req->header_len[PL_HDR_MACHINE_CPU], &key->cpu) != 0)
+        *err = "x-trigger-machine-cpu must be a number";
+    else if (pl_key_parse_number(req->header[PL_HDR_MACHINE_MEMORY],
+                                 req->header_len[PL_HDR_MACHINE_MEMORY], &key->memory) != 0)
+        *err = "x-trigger-machine-memory must be a number";
+    if (*err != NULL)
+        return 400;
     key->version = req->header[PL_HDR_DEPLOYMENT_VERSION];
     key->version_len = req->header_len[PL_HDR_DEPLOYMENT_VERSION];
-    if (pl_key_parse_number(req->header[PL_HDR_MACHINE_CPU],
-                            req->header_len[PL_HDR_MACHINE_CPU], &key->cpu) != 0)
-        return "x-trigger-machine-cpu must be a number";
-    if (pl_key_parse_number(req->header[PL_HDR_MACHINE_MEMORY],
-                            req->header_len[PL_HDR_MACHINE_MEMORY], &key->memory) != 0)
-        return "x-trigger-machine-memory must be a number";
-    return NULL;
+    return deployment_from_header(b, req, key, claims, err);
 }
 
 static void handle_park(pl_broker *b, pl_conn *c, const pl_request *req)
 {
-    char dep[PL_KEY_FIELD_MAX + 1], msg[96];
+    pl_token_claims claims;
+    char msg[96];
     const char *err;
     pl_waiter *w;
     pl_key key;
     int rc;
 
-    err = key_from_headers(req, &key, dep, msg, sizeof(msg));
-    if (err != NULL) {
-        reply_error(c, 400, err);
+    rc = key_from_headers(b, req, &key, &claims, msg, sizeof(msg), &err);
+    if (rc != 0) {
+        reply_error(c, rc, err);
         return;
     }
     if (b->closing) {
@@ -407,11 +484,36 @@ static void handle_dispatch(pl_broker *b, pl_conn *c, const pl_request *req)
 
 /* ---- the rest ---- */
 
-static void handle_metrics(pl_broker *b, pl_conn *c)
+static void handle_connect(pl_broker *b, pl_conn *c, const pl_request *req)
+{
+    (void)req;
+    pl_conn_respond(c, 200, json_type, NULL, b->connect_body, b->connect_len);
+}
+
+static void handle_healthz(pl_broker *b, pl_conn *c, const pl_request *req)
+{
+    (void)b, (void)req;
+    reply_json(c, 200, "{\"status\":\"ok\"}");
+}
+
+static void handle_readyz(pl_broker *b, pl_conn *c, const pl_request *req)
+{
+    (void)req;
+    if (b->draining)
+        reply_json(c, 503, "{\"status\":\"draining\"}");
+    else
+        reply_json(c, 200, "{\"status\":\"ready\"}");
+}
+
+static void handle_metrics(pl_broker *b, pl_conn *c, const pl_request *req)
 {
     size_t len;
 
-    b->metrics.connections_open = b->http ? pl_http_connections(b->http) : 0;
+    (void)req;
+    b->metrics.connections_open = 0;
+    for (int i = 0; i < 2; i++)
+        if (b->https[i] != NULL)
+            b->metrics.connections_open += pl_http_connections(b->https[i]);
     len = pl_metrics_render(&b->metrics, pl_engine_ledger(b->engine),
                             pl_engine_key_count(b->engine), b->metrics_buf,
                             sizeof(b->metrics_buf));
@@ -422,16 +524,135 @@ static void handle_metrics(pl_broker *b, pl_conn *c)
                         b->metrics_buf, len);
 }
 
+#define DEBUG_KEYS_MAX 1000
+
+typedef struct {
+    char *buf;
+    size_t len, cap;
+    uint64_t now;
+    int first, failed;
+} json_out;
+
+static void out_put(json_out *o, const char *s, size_t n)
+{
+    if (o->failed)
+        return;
+    if (o->len + n > o->cap) {
+        size_t cap = o->cap ? o->cap * 2 : 4096;
+        char *p;
+        while (cap < o->len + n)
+            cap *= 2;
+        p = pl_realloc(o->buf, cap);
+        if (p == NULL) {
+            o->failed = 1;
+            return;
+        }
+        o->buf = p;
+        o->cap = cap;
+    }
+    memcpy(o->buf + o->len, s, n);
+    o->len += n;
+}
+
+static void out_key(const pl_key_info *info, void *arg)
+{
+    json_out *o = arg;
+    char dep[PL_KEY_FIELD_MAX * 6 + 1], ver[PL_KEY_FIELD_MAX * 6 + 1], line[256];
+    int n;
+
+    pl_log_escape(dep, sizeof(dep), info->key.deployment, info->key.deployment_len);
+    pl_log_escape(ver, sizeof(ver), info->key.version, info->key.version_len);
+    out_put(o, o->first ? "" : ",", o->first ? 0 : 1);
+    o->first = 0;
+    out_put(o, "{\"deployment\":\"", 15);
+    out_put(o, dep, strlen(dep));
+    out_put(o, "\",\"version\":\"", 13);
+    out_put(o, ver, strlen(ver));
+    n = snprintf(line, sizeof(line),
+                 "\",\"cpu\":%.17g,\"memory\":%.17g,\"parked\":%zu,\"oldest_wait_ms\":%llu}",
+                 info->key.cpu, info->key.memory, info->parked,
+                 (unsigned long long)(o->now - info->oldest_parked_at));
+    out_put(o, line, (size_t)n);
+}
+
+/* GET /debug/waiters: what is parked, per key; no payloads, at most
+ * DEBUG_KEYS_MAX keys. */
+static void handle_debug_waiters(pl_broker *b, pl_conn *c, const pl_request *req)
+{
+    json_out o = {NULL, 0, 0, uv_now(b->loop), 1, 0};
+    size_t total;
+    char tail[128];
+    int n;
+
+    (void)req;
+    out_put(&o, "{\"keys\":[", 9);
+    total = pl_engine_each_key(b->engine, DEBUG_KEYS_MAX, out_key, &o);
+    n = snprintf(tail, sizeof(tail), "],\"total_keys\":%zu,\"parked\":%llu,\"truncated\":%s}",
+                 total, (unsigned long long)pl_engine_ledger(b->engine)->parked_now,
+                 total > DEBUG_KEYS_MAX ? "true" : "false");
+    out_put(&o, tail, (size_t)n);
+    if (o.failed)
+        reply_error(c, 503, "out of memory");
+    else
+        pl_conn_respond(c, 200, json_type, NULL, o.buf, o.len);
+    pl_free(o.buf);
+}
+
+typedef void (*handler)(pl_broker *b, pl_conn *c, const pl_request *req);
+
+static const struct route {
+    const char *path;
+    int method;      /* HTTP_GET also takes HEAD */
+    pl_route tag;
+    unsigned serves; /* PL_SERVE_* */
+    int bearer;      /* needs dispatch_token when one is set */
+    handler fn;
+} routes[] = {
+    {"/warm-start", HTTP_GET, PL_ROUTE_PARK, PL_SERVE_CONTROLLERS, 0, handle_park},
+    {"/warm-start", HTTP_POST, PL_ROUTE_DISPATCH, PL_SERVE_DISPATCH, 1, handle_dispatch},
+    {"/connect", HTTP_GET, PL_ROUTE_CONNECT, PL_SERVE_CONTROLLERS, 0, handle_connect},
+    {"/healthz", HTTP_GET, PL_ROUTE_HEALTHZ, PL_SERVE_CONTROLLERS | PL_SERVE_DISPATCH, 0, handle_healthz},
+    {"/readyz", HTTP_GET, PL_ROUTE_READYZ, PL_SERVE_CONTROLLERS | PL_SERVE_DISPATCH, 0, handle_readyz},
+    {"/metrics", HTTP_GET, PL_ROUTE_METRICS, PL_SERVE_DISPATCH, 0, handle_metrics},
+    {"/debug/waiters", HTTP_GET, PL_ROUTE_DEBUG, PL_SERVE_DISPATCH, 1, handle_debug_waiters},
+};
+
+#define NROUTES (sizeof(routes) / sizeof(routes[0]))
+
 static int path_is(const pl_request *req, const char *path)
 {
     size_t len = strlen(path);
     return req->path_len == len && memcmp(req->path, path, len) == 0;
 }
 
+/* Compares "Bearer <token>" with dispatch_token in constant time. */
+static int bearer_ok(const pl_broker *b, const pl_request *req)
+{
+    const char *want = b->cfg->dispatch_token, *got = req->header[PL_HDR_AUTHORIZATION];
+    size_t wlen = strlen(want), glen = req->header_len[PL_HDR_AUTHORIZATION];
+
+    if (got == NULL || glen != wlen + 7 || strncasecmp(got, "Bearer ", 7) != 0)
+        return 0;
+    return CRYPTO_memcmp(got + 7, want, wlen) == 0;
+}
+
+static void reply_405(pl_conn *c, const pl_request *req)
+{
+    char allow[64] = "Allow: ";
+    int post = 0;
+
+    for (size_t i = 0; i < NROUTES; i++)
+        if (path_is(req, routes[i].path) && routes[i].method == HTTP_POST)
+            post = 1;
+    strcat(allow, post ? "GET, POST\r\n" : "GET, HEAD\r\n");
+    pl_conn_respond(c, 405, json_type, allow, "{\"error\":\"method not allowed\"}", 30);
+}
+
 void pl_broker_on_request(void *app, pl_conn *c, const pl_request *req)
 {
-    pl_broker *b = app;
-    int get = req->method == HTTP_GET || req->method == HTTP_HEAD;
+    side *sd = app;
+    pl_broker *b = sd->b;
+    int method = req->method == HTTP_HEAD ? HTTP_GET : req->method, known = 0;
     unsigned kind;
     confirm *rec = pl_conn_data(c, &kind);
 
@@ -439,50 +660,32 @@ void pl_broker_on_request(void *app, pl_conn *c, const pl_request *req)
      * alive and reading: its delivery counts as confirmed. */
     if (kind == DATA_CONFIRM)
         confirm_finish(b, rec, 1);
-
-    if (path_is(req, "/warm-start")) {
-        pl_conn_set_tag(c, req->method == HTTP_POST ? PL_ROUTE_DISPATCH : PL_ROUTE_PARK);
-        if (req->method == HTTP_GET)
-            handle_park(b, c, req);
-        else if (req->method == HTTP_POST)
-            handle_dispatch(b, c, req);
+    for (size_t i = 0; i < NROUTES; i++) {
+        const struct route *r = &routes[i];
+        if (!path_is(req, r->path))
+            continue;
+        known = 1;
+        if (r->method != method || (req->method == HTTP_HEAD && r->fn == handle_park))
+            continue;
+        pl_conn_set_tag(c, r->tag);
+        if (!(r->serves & sd->serves))
+            reply_error(c, 403, "not served on this listener");
+        else if (r->bearer && b->cfg->dispatch_token[0] != '\0' && !bearer_ok(b, req))
+            pl_conn_respond(c, 401, json_type, "WWW-Authenticate: Bearer\r\n",
+                            "{\"error\":\"missing or wrong bearer token\"}", 41);
         else
-            pl_conn_respond(c, 405, json_type, "Allow: GET, POST\r\n",
-                            "{\"error\":\"method not allowed\"}", 30);
+            r->fn(b, c, req);
         return;
     }
-    if (path_is(req, "/connect"))
-        pl_conn_set_tag(c, PL_ROUTE_CONNECT);
-    else if (path_is(req, "/healthz"))
-        pl_conn_set_tag(c, PL_ROUTE_HEALTHZ);
-    else if (path_is(req, "/readyz"))
-        pl_conn_set_tag(c, PL_ROUTE_READYZ);
-    else if (path_is(req, "/metrics"))
-        pl_conn_set_tag(c, PL_ROUTE_METRICS);
-    else {
+    if (known)
+        reply_405(c, req);
+    else
         reply_error(c, 404, "not found");
-        return;
-    }
-    if (!get) {
-        pl_conn_respond(c, 405, json_type, "Allow: GET\r\n",
-                        "{\"error\":\"method not allowed\"}", 30);
-    } else if (path_is(req, "/connect")) {
-        pl_conn_respond(c, 200, json_type, NULL, b->connect_body, b->connect_len);
-    } else if (path_is(req, "/healthz")) {
-        reply_json(c, 200, "{\"status\":\"ok\"}");
-    } else if (path_is(req, "/readyz")) {
-        if (b->draining)
-            reply_json(c, 503, "{\"status\":\"draining\"}");
-        else
-            reply_json(c, 200, "{\"status\":\"ready\"}");
-    } else {
-        handle_metrics(b, c);
-    }
 }
 
 void pl_broker_on_close(void *app, pl_conn *c)
 {
-    pl_broker *b = app;
+    pl_broker *b = ((side *)app)->b;
     unsigned kind;
     void *data = pl_conn_data(c, &kind);
 
@@ -499,7 +702,7 @@ void pl_broker_on_close(void *app, pl_conn *c)
 
 void pl_broker_on_response(void *app, unsigned tag, int status)
 {
-    pl_broker *b = app;
+    pl_broker *b = ((side *)app)->b;
 
     if (tag < PL_ROUTE__COUNT)
         pl_metrics_count_http(&b->metrics, (pl_route)tag, status);
@@ -528,5 +731,6 @@ void pl_broker_free(pl_broker *b)
     if (b == NULL)
         return;
     pl_engine_free(b->engine);
+    pl_token_verifier_free(b->verifier);
     pl_free(b);
 }

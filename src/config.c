@@ -8,7 +8,7 @@
 
 #include "pilotlight/config.h"
 
-typedef enum { T_U64, T_LISTEN, T_CHOICE } setting_type;
+typedef enum { T_U64, T_LISTEN, T_CHOICE, T_STRING, T_SECRET } setting_type;
 
 typedef struct {
     const char *name; /* file name; env is PILOTLIGHT_<NAME>, flag --na-me */
@@ -24,15 +24,33 @@ typedef struct {
     {#field, T_U64, offsetof(pl_config, field), lo, hi, d, h, NULL}
 #define CHOICE(field, names, d, h) \
     {#field, T_CHOICE, offsetof(pl_config, field), 0, 0, d, h, names}
+#define STRING(field, type, d, h) \
+    {#field, type, offsetof(pl_config, field), 0, 0, d, h, NULL}
+#define LISTEN(field, d, h) \
+    {#field, T_LISTEN, offsetof(pl_config, field), 0, 0, d, h, NULL}
 
 static const char *const order_names[] = {"fifo", "lifo", NULL};
 static const char *const level_names[] = {"error", "warn", "info", "debug", NULL};
 static const char *const delivery_names[] = {"written", "confirm", NULL};
+static const char *const token_mode_names[] = {"disabled", "log", "enforce", NULL};
 #define DAY_MS 86400000ULL
 
 static const setting settings[] = {
-    {"listen", T_LISTEN, 0, 0, 0, "0.0.0.0:8080",
-     "address for controllers and dispatchers, HOST:PORT (port 0 picks one)", NULL},
+    LISTEN(listen, "0.0.0.0:8080",
+           "address for controllers (and dispatchers, unless dispatch_listen is set), "
+           "HOST:PORT (port 0 picks one)"),
+    LISTEN(dispatch_listen, "",
+           "separate address for dispatch, /metrics and /debug/waiters; when set, "
+           "the controllers' address refuses those (empty = off)"),
+    STRING(dispatch_token, T_SECRET, "",
+           "bearer token required on dispatch and /debug/waiters (empty = none)"),
+    CHOICE(token_mode, token_mode_names, "disabled",
+           "signed deployment tokens: disabled, log (verify and count, allow all) "
+           "or enforce (401 unless valid)"),
+    STRING(token_secret, T_SECRET, "",
+           "the tokens' HMAC secret (prefer the environment or token_secret_file)"),
+    STRING(token_secret_file, T_STRING, "",
+           "file holding the tokens' secret (one trailing newline ignored)"),
     U64(connection_timeout_ms, 1, DAY_MS, "30000",
         "connectionTimeoutMs served by /connect: how long a controller holds a poll"),
     U64(keepalive_ms, 1, 30 * DAY_MS, "300000",
@@ -84,7 +102,7 @@ static const setting *find_setting(const char *name, size_t len)
     return NULL;
 }
 
-static int parse_listen(pl_config *cfg, const char *v)
+static int parse_listen(pl_listen_addr *out, const char *v)
 {
     const char *colon = strrchr(v, ':');
     char host[PL_CONFIG_HOST_MAX];
@@ -110,8 +128,8 @@ static int parse_listen(pl_config *cfg, const char *v)
     port = strtoul(colon + 1, &end, 10);
     if (*end != '\0' || errno != 0 || port > 65535 || !isdigit((unsigned char)colon[1]))
         return -1;
-    memcpy(cfg->listen_host, host, hlen + 1);
-    cfg->listen_port = (uint16_t)port;
+    memcpy(out->host, host, hlen + 1);
+    out->port = (uint16_t)port;
     return 0;
 }
 
@@ -123,10 +141,22 @@ static int apply(pl_config *cfg, const setting *s, const char *v, char *err,
 
     switch (s->type) {
     case T_LISTEN:
-        if (parse_listen(cfg, v) == 0)
+        if (*v == '\0' && s->def[0] == '\0') {
+            memset(base, 0, sizeof(pl_listen_addr));
             return 0;
-        snprintf(err, errlen, "listen: '%s' is not HOST:PORT with a numeric address", v);
+        }
+        if (parse_listen((pl_listen_addr *)(void *)base, v) == 0)
+            return 0;
+        snprintf(err, errlen, "%s: '%s' is not HOST:PORT with a numeric address", s->name, v);
         return -1;
+    case T_STRING:
+    case T_SECRET:
+        if (strlen(v) >= PL_CONFIG_STRING_MAX) {
+            snprintf(err, errlen, "%s: longer than %d bytes", s->name, PL_CONFIG_STRING_MAX - 1);
+            return -1;
+        }
+        memcpy(base, v, strlen(v) + 1);
+        return 0;
     case T_CHOICE:
         for (int i = 0; s->choices[i]; i++) {
             if (strcmp(v, s->choices[i]) == 0) {
@@ -295,6 +325,31 @@ static int load_flags(pl_config *cfg, int argc, char **argv,
     return 0;
 }
 
+/* Reads token_secret_file into token_secret, without one trailing newline. */
+static int read_secret(pl_config *cfg, char *err, size_t errlen)
+{
+    FILE *f = fopen(cfg->token_secret_file, "r");
+    size_t n;
+
+    if (f == NULL) {
+        snprintf(err, errlen, "token_secret_file %s: %s", cfg->token_secret_file, strerror(errno));
+        return -1;
+    }
+    n = fread(cfg->token_secret, 1, sizeof(cfg->token_secret), f);
+    fclose(f);
+    if (n == sizeof(cfg->token_secret)) {
+        snprintf(err, errlen, "token_secret_file %s: longer than %d bytes",
+                 cfg->token_secret_file, PL_CONFIG_STRING_MAX - 1);
+        return -1;
+    }
+    if (n > 0 && cfg->token_secret[n - 1] == '\n')
+        n--;
+    if (n > 0 && cfg->token_secret[n - 1] == '\r')
+        n--;
+    cfg->token_secret[n] = '\0';
+    return 0;
+}
+
 int pl_config_load(pl_config *cfg, int argc, char **argv, char **envp,
                    pl_config_action *action, char *err, size_t errlen)
 {
@@ -319,6 +374,13 @@ int pl_config_load(pl_config *cfg, int argc, char **argv, char **envp,
     }
     if (load_flags(cfg, argc, argv, action, err, errlen) != 0)
         return -1;
+    if (cfg->token_secret_file[0] != '\0' && read_secret(cfg, err, errlen) != 0)
+        return -1;
+    if (cfg->token_mode != PL_TOKEN_MODE_DISABLED && cfg->token_secret[0] == '\0') {
+        snprintf(err, errlen, "token_mode: %s needs token_secret or token_secret_file",
+                 token_mode_names[cfg->token_mode]);
+        return -1;
+    }
     if (cfg->park_timeout_ms == 0)
         cfg->park_timeout_ms = cfg->connection_timeout_ms + 5000;
     return 0;
@@ -329,9 +391,17 @@ static void print_value(const pl_config *cfg, const setting *s, FILE *out)
     const char *base = (const char *)cfg + s->offset;
 
     switch (s->type) {
-    case T_LISTEN:
-        fprintf(out, strchr(cfg->listen_host, ':') ? "[%s]:%u" : "%s:%u",
-                cfg->listen_host, cfg->listen_port);
+    case T_LISTEN: {
+        const pl_listen_addr *a = (const pl_listen_addr *)(const void *)base;
+        if (a->host[0] != '\0')
+            fprintf(out, strchr(a->host, ':') ? "[%s]:%u" : "%s:%u", a->host, a->port);
+        break;
+    }
+    case T_STRING:
+        fputs(base, out);
+        break;
+    case T_SECRET:
+        fputs(*base ? "(set)" : "", out);
         break;
     case T_CHOICE: {
         int i;

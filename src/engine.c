@@ -75,6 +75,22 @@ size_t pl_engine_key_count(const pl_engine *e)
     return e->nkeys;
 }
 
+size_t pl_engine_each_key(const pl_engine *e, size_t max,
+                          void (*fn)(const pl_key_info *info, void *arg), void *arg)
+{
+    const pl_entry *ent;
+    size_t n = 0;
+
+    for (ent = e->entries; ent != NULL && n < max; ent = ent->hh.next, n++) {
+        pl_key_info info;
+        pl_key_decode(ent->keybytes, ent->keylen, &info.key);
+        info.parked = ent->count;
+        info.oldest_parked_at = ent->head->parked_at; /* appended in time order */
+        fn(&info, arg);
+    }
+    return e->nkeys;
+}
+
 size_t pl_engine_waiter_size(size_t id_len)
 {
     return sizeof(pl_waiter) + id_len + 1;

@@ -902,6 +902,7 @@ int pl_http_listen(pl_http *h, const char *host, uint16_t port,
 
 static void close_listener(pl_http *h)
 {
+    h->listening = 0;
     if (!uv_is_closing((uv_handle_t *)&h->listener))
         uv_close((uv_handle_t *)&h->listener, NULL);
 }
@@ -948,7 +949,12 @@ void pl_http_stop(pl_http *h)
 
 void pl_http_free(pl_http *h)
 {
-    pl_free(h);
+    pl_free(h); /* NULL is fine */
+}
+
+int pl_http_listening(const pl_http *h)
+{
+    return h->listening;
 }
 
 uint64_t pl_http_connections(const pl_http *h)

@@ -88,3 +88,16 @@ size_t pl_key_encode(const pl_key *k, unsigned char *buf)
     p += k->version_len;
     return (size_t)(p - buf);
 }
+
+void pl_key_decode(const unsigned char *buf, size_t len, pl_key *k)
+{
+    uint16_t dlen;
+
+    memcpy(&k->cpu, buf, sizeof(double));
+    memcpy(&k->memory, buf + sizeof(double), sizeof(double));
+    memcpy(&dlen, buf + 2 * sizeof(double), sizeof(dlen));
+    k->deployment = (const char *)buf + 2 * sizeof(double) + sizeof(dlen);
+    k->deployment_len = dlen;
+    k->version = k->deployment + dlen;
+    k->version_len = len - 2 * sizeof(double) - sizeof(dlen) - dlen;
+}

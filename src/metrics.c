@@ -14,9 +14,10 @@ static const double wait_bounds[] = {
 };
 
 static const char *const route_names[PL_ROUTE__COUNT] = {
-    "other", "connect", "park", "dispatch", "healthz", "readyz", "metrics",
+    "other", "connect", "park", "dispatch", "healthz", "readyz", "metrics", "debug",
 };
 static const char *const result_names[PL_DISPATCH__COUNT] = {"hit", "miss", "invalid"};
+static const char *const token_names[4] = {"valid", "invalid", "legacy", "absent"};
 
 void pl_metrics_init(pl_metrics *m)
 {
@@ -99,6 +100,11 @@ size_t pl_metrics_render(const pl_metrics *m, const pl_ledger *l, size_t keys,
     for (int i = 0; i < PL_DISPATCH__COUNT; i++)
         emit(&o, "pilotlight_dispatch_total{result=\"%s\"} %llu\n", result_names[i],
              (unsigned long long)m->dispatch[i]);
+    emit(&o, "# HELP pilotlight_token_checks_total Deployment tokens checked, by result.\n"
+             "# TYPE pilotlight_token_checks_total counter\n");
+    for (int i = 0; i < 4; i++)
+        emit(&o, "pilotlight_token_checks_total{result=\"%s\"} %llu\n", token_names[i],
+             (unsigned long long)m->token[i]);
     emit(&o, "# HELP pilotlight_http_requests_total HTTP responses, by route and status class.\n"
              "# TYPE pilotlight_http_requests_total counter\n");
     for (int r = 0; r < PL_ROUTE__COUNT; r++)

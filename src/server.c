@@ -12,7 +12,9 @@ typedef struct {
     uv_loop_t loop;
     const pl_config *cfg;
     pl_broker *broker;
-    pl_http *http;
+    pl_http *http;          /* controllers (and dispatch, unless split) */
+    pl_http *dispatch_http; /* dispatch_listen, or NULL */
+    int draining_https;     /* listeners not yet drained */
     uv_signal_t sigterm, sigint;
     uv_timer_t drain_timer; /* drain delay, then the shutdown deadline */
     int phase;              /* 0 serving, 1 delaying, 2 draining, 3 done */
@@ -22,11 +24,13 @@ static void on_drained(void *arg)
 {
     server *s = arg;
 
-    if (s->phase == 3)
+    if (s->phase == 3 || --s->draining_https > 0)
         return;
     s->phase = 3;
     PL_LOG(PL_LOG_INFO, "drained", NULL);
     pl_http_stop(s->http);
+    if (s->dispatch_http)
+        pl_http_stop(s->dispatch_http);
     pl_broker_stop(s->broker);
     uv_close((uv_handle_t *)&s->sigterm, NULL);
     uv_close((uv_handle_t *)&s->sigint, NULL);
@@ -37,9 +41,10 @@ static void on_deadline(uv_timer_t *t)
 {
     server *s = t->data;
 
-    PL_LOG(PL_LOG_WARN, "shutdown deadline passed, closing connections",
-           "\"open\":%llu", (unsigned long long)pl_http_connections(s->http));
+    PL_LOG(PL_LOG_WARN, "closing every connection now", NULL);
     pl_http_close_all(s->http);
+    if (s->dispatch_http)
+        pl_http_close_all(s->dispatch_http);
 }
 
 static void start_drain(server *s)
@@ -47,7 +52,10 @@ static void start_drain(server *s)
     s->phase = 2;
     pl_broker_close_parked(s->broker);
     uv_timer_start(&s->drain_timer, on_deadline, s->cfg->shutdown_timeout_ms, 0);
+    s->draining_https = s->dispatch_http ? 2 : 1;
     pl_http_drain(s->http, on_drained, s);
+    if (s->dispatch_http)
+        pl_http_drain(s->dispatch_http, on_drained, s);
 }
 
 static void on_delay_over(uv_timer_t *t)
@@ -62,7 +70,7 @@ static void on_signal(uv_signal_t *sig, int signum)
     if (s->phase != 0) {
         if (s->phase < 3) {
             PL_LOG(PL_LOG_WARN, "second signal: closing now", NULL);
-            pl_http_close_all(s->http);
+            on_deadline(&s->drain_timer);
         }
         return;
     }
@@ -76,7 +84,8 @@ static void on_signal(uv_signal_t *sig, int signum)
     }
 }
 
-static int start(server *s)
+/* Opens one listener serving <serves> on <addr>. Returns it, or NULL. */
+static pl_http *open_listener(server *s, const pl_listen_addr *addr, unsigned serves)
 {
     pl_http_limits limits = {
         .max_connections = s->cfg->max_connections,
@@ -91,27 +100,50 @@ static int start(server *s)
         .on_close = pl_broker_on_close,
         .on_response = pl_broker_on_response,
     };
-    const pl_config *cfg = s->cfg;
+    const char *role = serves == PL_SERVE_DISPATCH ? "dispatch"
+                       : serves == PL_SERVE_CONTROLLERS ? "controllers" : "all";
+    pl_http *h = pl_http_new(&s->loop, &limits, &cb, pl_broker_side(s->broker, serves));
     uint16_t port;
     int rc;
 
+    if (h == NULL) {
+        PL_LOG(PL_LOG_ERROR, "out of memory at start", NULL);
+        return NULL;
+    }
+    pl_broker_attach(s->broker, h);
+    rc = pl_http_listen(h, addr->host, addr->port, &port);
+    if (rc != 0) {
+        PL_LOG(PL_LOG_ERROR, "cannot listen", "\"host\":\"%s\",\"port\":%u,\"error\":\"%s\"",
+               addr->host, addr->port, uv_strerror(rc));
+        pl_http_stop(h);
+        return h; /* freed with the others at exit */
+    }
+    PL_LOG(PL_LOG_INFO, "listening", strchr(addr->host, ':')
+               ? "\"address\":\"[%s]:%u\",\"serves\":\"%s\",\"version\":\"" PL_VERSION "\""
+               : "\"address\":\"%s:%u\",\"serves\":\"%s\",\"version\":\"" PL_VERSION "\"",
+           addr->host, port, role);
+    return h;
+}
+
+static int start(server *s)
+{
+    const pl_config *cfg = s->cfg;
+    int split = cfg->dispatch_listen.host[0] != '\0';
+
     s->broker = pl_broker_new(&s->loop, cfg);
-    s->http = s->broker ? pl_http_new(&s->loop, &limits, &cb, s->broker) : NULL;
-    if (s->http == NULL) {
+    if (s->broker == NULL) {
         PL_LOG(PL_LOG_ERROR, "out of memory at start", NULL);
         return -1;
     }
-    pl_broker_attach(s->broker, s->http);
-    rc = pl_http_listen(s->http, cfg->listen_host, cfg->listen_port, &port);
-    if (rc != 0) {
-        PL_LOG(PL_LOG_ERROR, "cannot listen", "\"host\":\"%s\",\"port\":%u,\"error\":\"%s\"",
-               cfg->listen_host, cfg->listen_port, uv_strerror(rc));
+    s->http = open_listener(s, &cfg->listen, split ? PL_SERVE_CONTROLLERS
+                                                   : PL_SERVE_CONTROLLERS | PL_SERVE_DISPATCH);
+    if (s->http == NULL || !pl_http_listening(s->http))
         return -1;
+    if (split) {
+        s->dispatch_http = open_listener(s, &cfg->dispatch_listen, PL_SERVE_DISPATCH);
+        if (s->dispatch_http == NULL || !pl_http_listening(s->dispatch_http))
+            return -1;
     }
-    PL_LOG(PL_LOG_INFO, "listening", strchr(cfg->listen_host, ':')
-               ? "\"address\":\"[%s]:%u\",\"version\":\"" PL_VERSION "\""
-               : "\"address\":\"%s:%u\",\"version\":\"" PL_VERSION "\"",
-           cfg->listen_host, port);
     PL_LOG(PL_LOG_DEBUG, "sizes", "\"connection_bytes\":%zu,\"waiter_bytes\":%zu",
            pl_conn_size(), pl_engine_waiter_size(0));
     uv_signal_init(&s->loop, &s->sigterm);
@@ -147,6 +179,7 @@ int pl_server_run(const pl_config *cfg)
     uv_run(&s.loop, UV_RUN_DEFAULT);
     uv_loop_close(&s.loop);
     pl_http_free(s.http);
+    pl_http_free(s.dispatch_http);
     pl_broker_free(s.broker);
     PL_LOG(PL_LOG_INFO, "exit", "\"status\":%d", rc == 0 ? 0 : 1);
     return rc == 0 ? 0 : 1;

@@ -18,10 +18,17 @@ typedef struct pl_broker pl_broker;
  * of memory. */
 pl_broker *pl_broker_new(uv_loop_t *loop, const pl_config *cfg);
 
-/* Lets /metrics report the connections of <h>. */
+/* What a listener serves: controllers (/connect, polls) and dispatchers
+ * (dispatch, /metrics, /debug/waiters); /healthz and /readyz are on both. */
+enum { PL_SERVE_CONTROLLERS = 1, PL_SERVE_DISPATCH = 2 };
+
+/* Returns the <app> pointer for a pl_http whose listener serves <serves>. */
+void *pl_broker_side(pl_broker *b, unsigned serves);
+
+/* Lets /metrics count the connections of <h> (up to two listeners). */
 void pl_broker_attach(pl_broker *b, const pl_http *h);
 
-/* pl_http callbacks, with the broker as their <app>. */
+/* pl_http callbacks; <app> is a pl_broker_side() pointer. */
 void pl_broker_on_request(void *b, pl_conn *c, const pl_request *req);
 void pl_broker_on_close(void *b, pl_conn *c);
 void pl_broker_on_response(void *b, unsigned tag, int status);

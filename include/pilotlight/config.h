@@ -11,10 +11,16 @@
 #include "pilotlight/log.h"
 
 #define PL_CONFIG_HOST_MAX 64
+#define PL_CONFIG_STRING_MAX 512
 
 typedef struct {
-    char listen_host[PL_CONFIG_HOST_MAX]; /* numeric IPv4 or IPv6 */
-    uint16_t listen_port;
+    char host[PL_CONFIG_HOST_MAX]; /* numeric IPv4 or IPv6; "" = not set */
+    uint16_t port;
+} pl_listen_addr;
+
+typedef struct {
+    pl_listen_addr listen;
+    pl_listen_addr dispatch_listen; /* dispatch, metrics, admin; "" = on listen */
     uint64_t connection_timeout_ms; /* served by /connect */
     uint64_t keepalive_ms;          /* served by /connect */
     uint64_t park_timeout_ms;       /* 0 in input: connection_timeout + 5 s */
@@ -35,10 +41,15 @@ typedef struct {
     uint64_t idle_timeout_ms;
     uint64_t shutdown_timeout_ms;
     uint64_t drain_delay_ms;
+    int token_mode;           /* PL_TOKEN_MODE_* */
+    char token_secret[PL_CONFIG_STRING_MAX];      /* never printed or logged */
+    char token_secret_file[PL_CONFIG_STRING_MAX]; /* read into token_secret */
+    char dispatch_token[PL_CONFIG_STRING_MAX];    /* bearer for dispatch; "" = none */
     int log_level;            /* pl_log_level */
 } pl_config;
 
 enum { PL_DELIVERY_WRITTEN = 0, PL_DELIVERY_CONFIRM = 1 };
+enum { PL_TOKEN_MODE_DISABLED = 0, PL_TOKEN_MODE_LOG, PL_TOKEN_MODE_ENFORCE };
 
 typedef enum {
     PL_CONFIG_RUN = 0,
@@ -58,7 +69,8 @@ int pl_config_load(pl_config *cfg, int argc, char **argv, char **envp,
 int pl_config_set(pl_config *cfg, const char *name, const char *value,
                   char *err, size_t errlen);
 
-/* Prints the effective configuration as config-file lines. */
+/* Prints the effective configuration as config-file lines; secrets print
+ * as "(set)". */
 void pl_config_print(const pl_config *cfg, FILE *out);
 
 void pl_config_usage(FILE *out);

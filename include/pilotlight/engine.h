@@ -113,6 +113,17 @@ const pl_ledger *pl_engine_ledger(const pl_engine *e);
 /* Number of distinct keys with at least one waiter. */
 size_t pl_engine_key_count(const pl_engine *e);
 
+typedef struct {
+    pl_key key;                /* strings valid during the callback only */
+    size_t parked;
+    uint64_t oldest_parked_at;
+} pl_key_info;
+
+/* Calls <fn> for at most <max> keys with waiters, in no particular order.
+ * Returns the number of such keys in all. */
+size_t pl_engine_each_key(const pl_engine *e, size_t max,
+                          void (*fn)(const pl_key_info *info, void *arg), void *arg);
+
 /* Number of waiters parked under <key>. */
 size_t pl_engine_waiting(const pl_engine *e, const pl_key *key);
 

@@ -84,6 +84,9 @@ void pl_http_free(pl_http *h);
 
 uint64_t pl_http_connections(const pl_http *h);
 
+/* Whether pl_http_listen() succeeded and the listener is open. */
+int pl_http_listening(const pl_http *h);
+
 /* Sends a response with <status>, optional Content-Type, optional extra
  * header lines (each ending in \r\n) and <body>. The bytes are copied if the
  * socket cannot take them at once. Returns 0 when the socket accepted or

@@ -32,4 +32,8 @@ int pl_key_parse_number(const char *s, size_t len, double *out);
  * is empty or longer than PL_KEY_FIELD_MAX. */
 size_t pl_key_encode(const pl_key *k, unsigned char *buf);
 
+/* Reads back a key written by pl_key_encode(); its strings point into <buf>
+ * and are not NUL-terminated. */
+void pl_key_decode(const unsigned char *buf, size_t len, pl_key *k);
+
 #endif

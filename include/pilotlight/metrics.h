@@ -16,6 +16,7 @@ typedef enum {
     PL_ROUTE_HEALTHZ,
     PL_ROUTE_READYZ,
     PL_ROUTE_METRICS,
+    PL_ROUTE_DEBUG,
     PL_ROUTE__COUNT
 } pl_route;
 
@@ -39,6 +40,7 @@ typedef struct {
 typedef struct {
     uint64_t http[PL_ROUTE__COUNT][5]; /* by status class 1xx..5xx */
     uint64_t dispatch[PL_DISPATCH__COUNT];
+    uint64_t token[4];              /* by pl_token_result */
     uint64_t connections_open;
     pl_histogram dispatch_seconds; /* dispatch request handling time */
     pl_histogram wait_seconds;     /* how long matched waiters were parked */

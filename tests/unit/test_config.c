@@ -21,8 +21,8 @@ static void test_defaults(void)
 
     CHECK_EQ(load(&cfg, 1, argv, NULL, &action, err), 0);
     CHECK_EQ(action, PL_CONFIG_RUN);
-    CHECK_STR(cfg.listen_host, "0.0.0.0");
-    CHECK_EQ(cfg.listen_port, 8080);
+    CHECK_STR(cfg.listen.host, "0.0.0.0");
+    CHECK_EQ(cfg.listen.port, 8080);
     CHECK_EQ(cfg.connection_timeout_ms, 30000);
     CHECK_EQ(cfg.keepalive_ms, 300000);
     CHECK_EQ(cfg.park_timeout_ms, 35000); /* connection timeout + 5 s */
@@ -53,8 +53,8 @@ static void test_precedence(void)
     CHECK_EQ(cfg.connection_timeout_ms, 1000);
     CHECK_EQ(cfg.park_timeout_ms, 6000);
     CHECK_EQ(cfg.match_order, PL_ORDER_LIFO);
-    CHECK_STR(cfg.listen_host, "::1");
-    CHECK_EQ(cfg.listen_port, 0);
+    CHECK_STR(cfg.listen.host, "::1");
+    CHECK_EQ(cfg.listen.port, 0);
     unlink(path);
 }
 
@@ -128,6 +128,75 @@ static void test_documented_file_is_defaults(void)
     CHECK(memcmp(&a, &b, sizeof(a)) == 0);
 }
 
+/* Every setting --check-config prints is documented in the file. */
+static void test_every_setting_documented(void)
+{
+    char path[1024], *doc, name[128];
+    const char *src = getenv("PL_SOURCE_ROOT");
+    char *argv[] = {"pilotlight", NULL};
+    pl_config cfg;
+    pl_config_action action;
+    char err[512];
+    FILE *f, *mem;
+    size_t n = 0;
+    char *printed = NULL;
+    size_t plen = 0;
+
+    snprintf(path, sizeof(path), "%s/config/pilotlight.conf", src ? src : ".");
+    f = fopen(path, "r");
+    CHECK(f != NULL);
+    if (f == NULL)
+        return;
+    doc = calloc(1, 1 << 16);
+    n = fread(doc, 1, (1 << 16) - 1, f);
+    fclose(f);
+    CHECK(n > 0);
+    CHECK_EQ(load(&cfg, 1, argv, NULL, &action, err), 0);
+    mem = open_memstream(&printed, &plen);
+    pl_config_print(&cfg, mem);
+    fclose(mem);
+    for (char *line = strtok(printed, "\n"); line; line = strtok(NULL, "\n")) {
+        char want[160];
+        if (sscanf(line, "%127s", name) != 1)
+            continue;
+        snprintf(want, sizeof(want), "\n%s =", name);
+        CHECK(strstr(doc, want) != NULL);
+        if (strstr(doc, want) == NULL)
+            fprintf(stderr, "  setting %s is not documented in %s\n", name, path);
+    }
+    free(printed);
+    free(doc);
+}
+
+static void test_secrets(void)
+{
+    char path[] = "/tmp/pl-secret-XXXXXX";
+    int fd = mkstemp(path);
+    char *argv[] = {"pilotlight", "--token-mode", "enforce", "--token-secret-file", path, NULL};
+    char *nosecret[] = {"pilotlight", "--token-mode", "log", NULL};
+    char *envp[] = {"PILOTLIGHT_DISPATCH_TOKEN=hunter2", NULL};
+    pl_config cfg;
+    pl_config_action action;
+    char err[512], *printed = NULL;
+    size_t plen = 0;
+    FILE *mem;
+
+    CHECK_EQ(write(fd, "s3cret\n", 7), 7);
+    close(fd);
+    CHECK_EQ(load(&cfg, 5, argv, envp, &action, err), 0);
+    CHECK_STR(cfg.token_secret, "s3cret");
+    CHECK_STR(cfg.dispatch_token, "hunter2");
+    CHECK_EQ(cfg.token_mode, PL_TOKEN_MODE_ENFORCE);
+    mem = open_memstream(&printed, &plen);
+    pl_config_print(&cfg, mem);
+    fclose(mem);
+    CHECK(strstr(printed, "s3cret") == NULL && strstr(printed, "hunter2") == NULL);
+    CHECK(strstr(printed, "token_secret = (set)") != NULL);
+    free(printed);
+    unlink(path);
+    expect_error(nosecret, 3, NULL, "token_secret");
+}
+
 int main(void)
 {
     RUN(test_defaults);
@@ -135,5 +204,7 @@ int main(void)
     RUN(test_refusals);
     RUN(test_actions);
     RUN(test_documented_file_is_defaults);
+    RUN(test_every_setting_documented);
+    RUN(test_secrets);
     return unit_finish();
 }
