@@ -10,8 +10,6 @@
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 
-#include <llhttp.h>
-
 #include "pilotlight/http.h"
 #include "pilotlight/log.h"
 #include "pilotlight/mem.h"
@@ -21,10 +19,6 @@
 
 #define READ_BUFFER_SIZE 65536
 #define LINGER_MS 2000
-#define MAX_HEADERS 100
-
-/* Headers the parser itself needs, after the application's. */
-enum { H_HOST = PL_HDR__COUNT, H_EXPECT, H__COUNT, H_OTHER = 255 };
 
 /* The timer lists. Each has one timeout for all its members, so appending
  * keeps it sorted by deadline and expiry only looks at the head. A pending
@@ -37,28 +31,16 @@ typedef struct {
 
 struct pl_conn {
     uv_tcp_t tcp;
-    llhttp_t parser;
+    pl_h1 h1;
     pl_http *http;
     void *data;                /* the application's (a parked waiter) */
     pl_conn *lprev, *lnext;    /* in http->lists[list] */
     uint64_t since;            /* when it entered that list */
     char *in;                  /* bytes received but not yet parsed */
     uint32_t in_len, in_cap;
-    char *req;                 /* the current request's arena: url, */
-    uint32_t req_len, req_cap; /* wanted header values, body */
-    uint32_t url_off, url_len, body_off, body_len;
-    uint32_t hdr_off[H__COUNT], hdr_len[H__COUNT];
-    uint32_t seen;             /* bit per H_* id */
-    uint32_t head_bytes;
-    uint16_t nheaders, err_status;
-    const char *err_msg;
-    uint8_t list, tag, data_kind, cur_hdr, hname_len;
-    char hname[40];
+    uint8_t list, tag, data_kind;
     unsigned pending : 1;      /* request handed over, not yet answered */
     unsigned in_parse : 1;     /* inside conn_execute() */
-    unsigned in_msg : 1;       /* a request has begun arriving */
-    unsigned keep_alive : 1;
-    unsigned head : 1;         /* a HEAD request: headers only */
     unsigned finishing : 1;    /* last answer sent; shutting down */
     unsigned closing : 1;
     unsigned tuned : 1;        /* dead-peer detection is on */
@@ -71,9 +53,9 @@ struct pl_http {
     uv_idle_t resume;
     uint64_t timer_due; /* when the armed timer fires */
     pl_http_limits limits;
+    pl_h1_limits h1_limits;
     pl_http_callbacks cb;
     void *app;
-    llhttp_settings_t settings;
     conn_list lists[TL__COUNT];
     uint64_t timeouts[TL__COUNT];
     uint64_t nconns;
@@ -88,20 +70,6 @@ typedef struct {
     uv_write_t req;
     char data[];
 } write_req;
-
-static const struct {
-    const char *name;
-    uint8_t id;
-} known_headers[] = {
-    {"x-trigger-workload-controller-id", PL_HDR_CONTROLLER_ID},
-    {"x-trigger-deployment-id", PL_HDR_DEPLOYMENT_ID},
-    {"x-trigger-deployment-version", PL_HDR_DEPLOYMENT_VERSION},
-    {"x-trigger-machine-cpu", PL_HDR_MACHINE_CPU},
-    {"x-trigger-machine-memory", PL_HDR_MACHINE_MEMORY},
-    {"authorization", PL_HDR_AUTHORIZATION},
-    {"host", H_HOST},
-    {"expect", H_EXPECT},
-};
 
 static void conn_close(pl_conn *c);
 static void conn_process_buffered(pl_conn *c);
@@ -153,7 +121,7 @@ static void list_add(pl_conn *c, uint8_t which)
 
 static void expire_one(pl_conn *c)
 {
-    if (c->list == TL_REQUEST && c->in_msg)
+    if (c->list == TL_REQUEST && c->h1.in_msg)
         respond_own(c, 408, "request not received in time");
     else
         conn_close(c);
@@ -301,7 +269,7 @@ int pl_conn_respond(pl_conn *c, int status, const char *content_type,
     pl_http *h = c->http;
     char head[512];
     uv_buf_t bufs[2];
-    int n, keep = c->keep_alive && !h->draining;
+    int n, keep = c->h1.keep_alive && !h->draining;
 
     if (c->closing || c->finishing)
         return -1;
@@ -318,7 +286,7 @@ int pl_conn_respond(pl_conn *c, int status, const char *content_type,
     bufs[0] = uv_buf_init(head, (unsigned)n);
     bufs[1] = uv_buf_init((char *)body, (unsigned)len);
     c->pending = 0;
-    if (conn_write(c, bufs, len > 0 && !c->head ? 2 : 1) != 0)
+    if (conn_write(c, bufs, len > 0 && !c->h1.head ? 2 : 1) != 0)
         return -1;
     if (h->cb.on_response)
         h->cb.on_response(h->app, c->tag, status);
@@ -337,248 +305,46 @@ static void respond_own(pl_conn *c, int status, const char *msg)
     char body[160];
     int n = snprintf(body, sizeof(body), "{\"error\":\"%s\"}", msg);
 
-    c->keep_alive = 0;
+    c->h1.keep_alive = 0;
     c->tag = 0;
     pl_conn_respond(c, status, "application/json", NULL, body, (size_t)n);
 }
 
-/* ---- the request arena ---- */
+/* ---- the request path ---- */
 
-static int arena_put(pl_conn *c, const char *at, size_t len)
+static void on_begin(void *owner)
 {
-    if (c->req_len + len > c->req_cap) {
-        size_t cap = c->req_cap ? c->req_cap : 512;
-        char *p;
-        while (cap < c->req_len + len)
-            cap *= 2;
-        p = pl_realloc(c->req, cap);
-        if (p == NULL)
-            return -1;
-        c->req = p;
-        c->req_cap = (uint32_t)cap;
-    }
-    memcpy(c->req + c->req_len, at, len);
-    c->req_len += (uint32_t)len;
-    return 0;
-}
+    pl_conn *c = owner;
 
-static void arena_release(pl_conn *c)
-{
-    pl_free(c->req);
-    c->req = NULL;
-    c->req_len = c->req_cap = 0;
-}
-
-/* ---- llhttp callbacks ---- */
-
-static pl_conn *parser_conn(llhttp_t *p)
-{
-    return container_of(p, pl_conn, parser);
-}
-
-static int fail(pl_conn *c, int status, const char *msg)
-{
-    c->err_status = (uint16_t)status;
-    c->err_msg = msg;
-    return -1;
-}
-
-static int count_head(pl_conn *c, size_t len)
-{
-    c->head_bytes += (uint32_t)len;
-    if (c->head_bytes > c->http->limits.max_header_bytes)
-        return fail(c, 431, "request headers too large");
-    return 0;
-}
-
-static int on_message_begin(llhttp_t *p)
-{
-    pl_conn *c = parser_conn(p);
-
-    c->in_msg = 1;
-    c->req_len = c->url_off = c->url_len = c->body_off = c->body_len = 0;
-    c->seen = 0;
-    c->head_bytes = 0;
-    c->nheaders = 0;
-    c->cur_hdr = H_OTHER;
-    c->hname_len = 0;
     c->tag = 0;
-    c->head = 0;
     list_add(c, TL_REQUEST);
-    return 0;
 }
 
-static int on_url(llhttp_t *p, const char *at, size_t len)
+static int on_headers(void *owner, int send_continue)
 {
-    pl_conn *c = parser_conn(p);
+    static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
+    pl_conn *c = owner;
+    uv_buf_t b = uv_buf_init((char *)cont, sizeof(cont) - 1);
 
-    if (c->url_len + len > c->http->limits.max_url_bytes)
-        return fail(c, 414, "request target too long");
-    if (count_head(c, len) != 0)
+    if (send_continue && conn_write(c, &b, 1) != 0)
         return -1;
-    c->url_len += (uint32_t)len;
-    return arena_put(c, at, len) == 0 ? 0 : fail(c, 503, "out of memory");
-}
-
-static int on_header_field(llhttp_t *p, const char *at, size_t len)
-{
-    pl_conn *c = parser_conn(p);
-
-    if (count_head(c, len + 4) != 0) /* ": " and CRLF */
-        return -1;
-    for (size_t i = 0; i < len; i++) {
-        if (c->hname_len >= sizeof(c->hname)) {
-            c->hname_len = sizeof(c->hname) + 1; /* too long to be one of ours */
-            break;
-        }
-        c->hname[c->hname_len++] = at[i];
-    }
-    return 0;
-}
-
-static int on_header_field_complete(llhttp_t *p)
-{
-    pl_conn *c = parser_conn(p);
-
-    c->cur_hdr = H_OTHER;
-    if (++c->nheaders > MAX_HEADERS)
-        return fail(c, 431, "too many request headers");
-    for (size_t i = 0; i < sizeof(known_headers) / sizeof(known_headers[0]); i++) {
-        if (strlen(known_headers[i].name) == c->hname_len &&
-            strncasecmp(known_headers[i].name, c->hname, c->hname_len) == 0) {
-            uint8_t id = known_headers[i].id;
-            if (c->seen & (1u << id))
-                return fail(c, 400, "duplicate header");
-            c->seen |= 1u << id;
-            c->cur_hdr = id;
-            c->hdr_off[id] = c->req_len;
-            c->hdr_len[id] = 0;
-            break;
-        }
-    }
-    c->hname_len = 0;
-    return 0;
-}
-
-static int on_header_value(llhttp_t *p, const char *at, size_t len)
-{
-    pl_conn *c = parser_conn(p);
-
-    if (count_head(c, len) != 0)
-        return -1;
-    if (c->cur_hdr == H_OTHER)
-        return 0;
-    c->hdr_len[c->cur_hdr] += (uint32_t)len;
-    return arena_put(c, at, len) == 0 ? 0 : fail(c, 503, "out of memory");
-}
-
-static int on_header_value_complete(llhttp_t *p)
-{
-    pl_conn *c = parser_conn(p);
-
-    if (c->cur_hdr != H_OTHER) {
-        uint32_t *len = &c->hdr_len[c->cur_hdr];
-        const char *v = c->req + c->hdr_off[c->cur_hdr];
-        while (*len > 0 && (v[*len - 1] == ' ' || v[*len - 1] == '\t'))
-            (*len)--;
-    }
-    c->cur_hdr = H_OTHER;
-    return 0;
-}
-
-static int expects_body(const llhttp_t *p)
-{
-    return (p->flags & F_CHUNKED) || p->content_length > 0;
-}
-
-static int on_headers_complete(llhttp_t *p)
-{
-    pl_conn *c = parser_conn(p);
-    const pl_http_limits *lim = &c->http->limits;
-
-    c->keep_alive = llhttp_should_keep_alive(p) && !p->upgrade;
-    c->head = p->method == HTTP_HEAD;
-    if (p->http_major == 1 && p->http_minor >= 1 && !(c->seen & (1u << H_HOST)))
-        return fail(c, 400, "missing Host header");
-    if ((p->flags & F_CONTENT_LENGTH) && p->content_length > lim->max_body_bytes)
-        return fail(c, 413, "request body too large");
-    if (c->seen & (1u << H_EXPECT)) {
-        static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
-        uv_buf_t b = uv_buf_init((char *)cont, sizeof(cont) - 1);
-        if (c->hdr_len[H_EXPECT] != 12 ||
-            strncasecmp(c->req + c->hdr_off[H_EXPECT], "100-continue", 12) != 0)
-            return fail(c, 417, "unsupported Expect header");
-        if (expects_body(p) && conn_write(c, &b, 1) != 0)
-            return fail(c, 0, NULL);
-    }
-    c->body_off = c->req_len;
     list_add(c, TL_REQUEST); /* a fresh deadline for the body */
     return 0;
 }
 
-static int on_body(llhttp_t *p, const char *at, size_t len)
-{
-    pl_conn *c = parser_conn(p);
-
-    if (c->body_len + len > c->http->limits.max_body_bytes)
-        return fail(c, 413, "request body too large");
-    c->body_len += (uint32_t)len;
-    return arena_put(c, at, len) == 0 ? 0 : fail(c, 503, "out of memory");
-}
-
-static int on_message_complete(llhttp_t *p)
-{
-    parser_conn(p)->in_msg = 0;
-    return HPE_PAUSED; /* one request at a time: see conn_execute() */
-}
-
-/* ---- the request path ---- */
+static const pl_h1_events h1_events = {on_begin, on_headers};
 
 static void conn_dispatch(pl_conn *c)
 {
     pl_http *h = c->http;
     pl_request req;
-    const char *q;
 
-    memset(&req, 0, sizeof(req));
-    req.method = c->parser.method;
-    req.path = c->req + c->url_off;
-    req.path_len = c->url_len;
-    if (req.path_len > 0 && req.path[0] != '/') {
-        /* absolute-form (RFC 9112 3.2.2): skip scheme and authority */
-        const char *auth = memmem(req.path, req.path_len, "://", 3);
-        const char *slash = auth ? memchr(auth + 3, '/', req.path_len - (size_t)(auth + 3 - req.path)) : NULL;
-        size_t skip = slash ? (size_t)(slash - req.path) : 0;
-        req.path += skip;
-        req.path_len -= skip;
-    }
-    q = memchr(req.path, '?', req.path_len);
-    if (q)
-        req.path_len = (size_t)(q - req.path);
-    for (int i = 0; i < PL_HDR__COUNT; i++) {
-        if (c->seen & (1u << i)) {
-            req.header[i] = c->req + c->hdr_off[i];
-            req.header_len[i] = c->hdr_len[i];
-        }
-    }
-    req.body = c->req + c->body_off;
-    req.body_len = c->body_len;
+    pl_h1_request(&c->h1, &req);
     list_remove(c);
     c->pending = 1;
     h->cb.on_request(h->app, c, &req);
     if (c->pending)
-        arena_release(c); /* a parked poll keeps no request bytes */
-}
-
-static void conn_parse_error(pl_conn *c, llhttp_errno_t err)
-{
-    int status = c->err_status ? c->err_status : 400;
-
-    if (status == 0)
-        return;
-    PL_LOG(PL_LOG_DEBUG, "bad request", "\"status\":%d,\"reason\":\"%s\"",
-           status, llhttp_errno_name(err));
-    respond_own(c, status, c->err_msg ? c->err_msg : "malformed HTTP request");
+        pl_h1_release(&c->h1); /* a parked poll keeps no request bytes */
 }
 
 /* Parses <len> bytes at <data>. Returns how many were used: fewer when a
@@ -586,23 +352,22 @@ static void conn_parse_error(pl_conn *c, llhttp_errno_t err)
  * ended. */
 static size_t conn_execute(pl_conn *c, const char *data, size_t len)
 {
-    size_t off = 0;
+    size_t off = 0, used;
 
     c->in_parse = 1;
     while (off < len && !c->pending && !c->closing && !c->finishing) {
-        llhttp_errno_t err = llhttp_execute(&c->parser, data + off, len - off);
-        if (err == HPE_OK) {
+        pl_h1_result r = pl_h1_execute(&c->h1, data + off, len - off, &used);
+        off += used;
+        if (r == PL_H1_REQUEST) {
+            conn_dispatch(c);
+        } else if (r == PL_H1_ERROR) {
+            PL_LOG(PL_LOG_DEBUG, "bad request", "\"status\":%d", c->h1.err_status);
+            if (c->h1.err_status == 0)
+                conn_close(c);
+            else
+                respond_own(c, c->h1.err_status, c->h1.err_msg);
             off = len;
-            break;
         }
-        if (err != HPE_PAUSED) {
-            conn_parse_error(c, err);
-            off = len;
-            break;
-        }
-        off = (size_t)(llhttp_get_error_pos(&c->parser) - data);
-        llhttp_resume(&c->parser);
-        conn_dispatch(c);
     }
     c->in_parse = 0;
     return off;
@@ -703,7 +468,7 @@ static void on_closed(uv_handle_t *handle)
     pl_http *h = c->http;
 
     pl_free(c->in);
-    pl_free(c->req);
+    pl_h1_release(&c->h1);
     pl_free(c);
     h->nconns--;
     if (h->draining && h->nconns == 0 && h->drained)
@@ -835,7 +600,7 @@ static void on_connection(uv_stream_t *server, int status)
         return;
     }
     c->tcp.data = h; /* marks it as one of ours for close_walk() */
-    llhttp_init(&c->parser, HTTP_REQUEST, &h->settings);
+    pl_h1_init(&c->h1, &h->h1_limits, &h1_events, c);
     uv_tcp_nodelay(&c->tcp, 1);
     list_add(c, TL_REQUEST);
     if (uv_read_start((uv_stream_t *)&c->tcp, alloc_cb, on_read) != 0)
@@ -861,16 +626,9 @@ pl_http *pl_http_new(uv_loop_t *loop, const pl_http_limits *limits,
     h->timeouts[TL_REQUEST] = limits->header_timeout_ms;
     h->timeouts[TL_IDLE] = limits->idle_timeout_ms;
     h->timeouts[TL_LINGER] = LINGER_MS;
-    llhttp_settings_init(&h->settings);
-    h->settings.on_message_begin = on_message_begin;
-    h->settings.on_url = on_url;
-    h->settings.on_header_field = on_header_field;
-    h->settings.on_header_field_complete = on_header_field_complete;
-    h->settings.on_header_value = on_header_value;
-    h->settings.on_header_value_complete = on_header_value_complete;
-    h->settings.on_headers_complete = on_headers_complete;
-    h->settings.on_body = on_body;
-    h->settings.on_message_complete = on_message_complete;
+    h->h1_limits.max_header_bytes = limits->max_header_bytes;
+    h->h1_limits.max_url_bytes = limits->max_url_bytes;
+    h->h1_limits.max_body_bytes = limits->max_body_bytes;
     uv_timer_init(loop, &h->timer);
     uv_idle_init(loop, &h->resume);
     uv_tcp_init(loop, &h->listener);
@@ -920,7 +678,7 @@ void pl_http_drain(pl_http *h, void (*done)(void *arg), void *arg)
         conn_close(idle->head);
     for (c = req->head; c; c = next) {
         next = c->lnext;
-        if (!c->in_msg)
+        if (!c->h1.in_msg)
             conn_close(c);
     }
     if (h->nconns == 0 && done)

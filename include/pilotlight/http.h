@@ -13,29 +13,10 @@
 
 #include <uv.h>
 
+#include "pilotlight/h1.h"
+
 typedef struct pl_http pl_http;
 typedef struct pl_conn pl_conn;
-
-/* Request headers the application reads; all others are skipped unread. */
-typedef enum {
-    PL_HDR_CONTROLLER_ID = 0, /* x-trigger-workload-controller-id */
-    PL_HDR_DEPLOYMENT_ID,     /* x-trigger-deployment-id */
-    PL_HDR_DEPLOYMENT_VERSION,/* x-trigger-deployment-version */
-    PL_HDR_MACHINE_CPU,       /* x-trigger-machine-cpu */
-    PL_HDR_MACHINE_MEMORY,    /* x-trigger-machine-memory */
-    PL_HDR_AUTHORIZATION,
-    PL_HDR__COUNT
-} pl_header;
-
-typedef struct {
-    int method; /* llhttp_method_t */
-    const char *path; /* without the query string */
-    size_t path_len;
-    const char *header[PL_HDR__COUNT]; /* NULL when absent */
-    size_t header_len[PL_HDR__COUNT];
-    const char *body;
-    size_t body_len;
-} pl_request;
 
 typedef struct {
     /* A complete request. <req> and everything it points to are valid only

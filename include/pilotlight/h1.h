@@ -1,0 +1,88 @@
+/* h1.h -- one HTTP/1.x request parser: llhttp plus the limits and the few
+ * headers pilotlight reads, with no sockets. A connection embeds one; the
+ * fuzzers drive one directly. */
+#ifndef PILOTLIGHT_H1_H
+#define PILOTLIGHT_H1_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <llhttp.h>
+
+/* Request headers the application reads; all others are skipped unread. */
+typedef enum {
+    PL_HDR_CONTROLLER_ID = 0, /* x-trigger-workload-controller-id */
+    PL_HDR_DEPLOYMENT_ID,     /* x-trigger-deployment-id */
+    PL_HDR_DEPLOYMENT_VERSION,/* x-trigger-deployment-version */
+    PL_HDR_MACHINE_CPU,       /* x-trigger-machine-cpu */
+    PL_HDR_MACHINE_MEMORY,    /* x-trigger-machine-memory */
+    PL_HDR_AUTHORIZATION,
+    PL_HDR_HOST,              /* read by the parser itself */
+    PL_HDR_EXPECT,            /* read by the parser itself */
+    PL_HDR__COUNT
+} pl_header;
+
+typedef struct {
+    int method; /* llhttp_method_t */
+    const char *path; /* without scheme, authority or query */
+    size_t path_len;
+    const char *header[PL_HDR__COUNT]; /* NULL when absent */
+    size_t header_len[PL_HDR__COUNT];
+    const char *body;
+    size_t body_len;
+} pl_request;
+
+typedef struct {
+    uint64_t max_header_bytes; /* request line and headers: 431 */
+    uint64_t max_url_bytes;    /* request target: 414 */
+    uint64_t max_body_bytes;   /* 413, from Content-Length before the body */
+} pl_h1_limits;
+
+/* What the parser tells its owner while it runs. */
+typedef struct {
+    void (*begin)(void *owner);   /* a request's first byte arrived */
+    /* headers complete; <send_continue> when the client waits for a
+     * 100 Continue before sending its body. Return 0, or -1 to stop. */
+    int (*headers)(void *owner, int send_continue);
+} pl_h1_events;
+
+typedef struct {
+    llhttp_t parser;
+    const pl_h1_limits *limits;
+    const pl_h1_events *events;
+    void *owner;
+    char *arena; /* this request's url, wanted header values, body */
+    uint32_t arena_len, arena_cap;
+    uint32_t url_off, url_len, body_off, body_len;
+    uint32_t hdr_off[PL_HDR__COUNT], hdr_len[PL_HDR__COUNT];
+    uint32_t seen;       /* bit per pl_header */
+    uint32_t head_bytes;
+    uint16_t nheaders;
+    uint16_t err_status; /* after PL_H1_ERROR: the answer, 0 = just close */
+    const char *err_msg;
+    uint8_t cur_hdr, hname_len;
+    char hname[40];
+    unsigned in_msg : 1, keep_alive : 1, head : 1, failed : 1;
+} pl_h1;
+
+typedef enum {
+    PL_H1_AGAIN = 0, /* every byte used; no complete request yet */
+    PL_H1_REQUEST,   /* a complete request: read it with pl_h1_request() */
+    PL_H1_ERROR,     /* malformed or over a limit: err_status, err_msg */
+} pl_h1_result;
+
+void pl_h1_init(pl_h1 *h, const pl_h1_limits *limits, const pl_h1_events *events,
+                void *owner);
+
+/* Parses up to <len> bytes; sets *used to how many it consumed (up to the
+ * end of a complete request, so pipelined requests come one at a time). */
+pl_h1_result pl_h1_execute(pl_h1 *h, const char *data, size_t len, size_t *used);
+
+/* Fills <req> with views of the last complete request, valid until the next
+ * pl_h1_execute() or pl_h1_release(). */
+void pl_h1_request(const pl_h1 *h, pl_request *req);
+
+/* Frees the request arena (a parked poll keeps no request bytes). */
+void pl_h1_release(pl_h1 *h);
+
+#endif

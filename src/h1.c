@@ -1,0 +1,275 @@
+/* h1.c -- parsing one HTTP/1.x request at a time, within limits. */
+#include <stddef.h>
+#include <string.h>
+#include <strings.h>
+
+#include "pilotlight/h1.h"
+#include "pilotlight/mem.h"
+
+#define MAX_HEADERS 100
+#define H_OTHER 255
+
+static const struct {
+    const char *name;
+    uint8_t id;
+} known_headers[] = {
+    {"x-trigger-workload-controller-id", PL_HDR_CONTROLLER_ID},
+    {"x-trigger-deployment-id", PL_HDR_DEPLOYMENT_ID},
+    {"x-trigger-deployment-version", PL_HDR_DEPLOYMENT_VERSION},
+    {"x-trigger-machine-cpu", PL_HDR_MACHINE_CPU},
+    {"x-trigger-machine-memory", PL_HDR_MACHINE_MEMORY},
+    {"authorization", PL_HDR_AUTHORIZATION},
+    {"host", PL_HDR_HOST},
+    {"expect", PL_HDR_EXPECT},
+};
+
+static pl_h1 *parser_h1(llhttp_t *p)
+{
+    return (pl_h1 *)(void *)((char *)p - offsetof(pl_h1, parser));
+}
+
+static int fail(pl_h1 *h, int status, const char *msg)
+{
+    h->failed = 1;
+    h->err_status = (uint16_t)status;
+    h->err_msg = msg;
+    return -1;
+}
+
+static int arena_put(pl_h1 *h, const char *at, size_t len)
+{
+    if (h->arena_len + len > h->arena_cap) {
+        size_t cap = h->arena_cap ? h->arena_cap : 512;
+        char *p;
+        while (cap < h->arena_len + len)
+            cap *= 2;
+        p = pl_realloc(h->arena, cap);
+        if (p == NULL)
+            return fail(h, 503, "out of memory");
+        h->arena = p;
+        h->arena_cap = (uint32_t)cap;
+    }
+    memcpy(h->arena + h->arena_len, at, len);
+    h->arena_len += (uint32_t)len;
+    return 0;
+}
+
+static int count_head(pl_h1 *h, size_t len)
+{
+    h->head_bytes += (uint32_t)len;
+    if (h->head_bytes > h->limits->max_header_bytes)
+        return fail(h, 431, "request headers too large");
+    return 0;
+}
+
+static int on_message_begin(llhttp_t *p)
+{
+    pl_h1 *h = parser_h1(p);
+
+    h->in_msg = 1;
+    h->head = 0;
+    h->arena_len = h->url_off = h->url_len = h->body_off = h->body_len = 0;
+    h->seen = h->head_bytes = h->nheaders = 0;
+    h->cur_hdr = H_OTHER;
+    h->hname_len = 0;
+    if (h->events && h->events->begin)
+        h->events->begin(h->owner);
+    return 0;
+}
+
+static int on_url(llhttp_t *p, const char *at, size_t len)
+{
+    pl_h1 *h = parser_h1(p);
+
+    if (h->url_len + len > h->limits->max_url_bytes)
+        return fail(h, 414, "request target too long");
+    if (count_head(h, len) != 0)
+        return -1;
+    h->url_len += (uint32_t)len;
+    return arena_put(h, at, len);
+}
+
+static int on_header_field(llhttp_t *p, const char *at, size_t len)
+{
+    pl_h1 *h = parser_h1(p);
+
+    if (count_head(h, len + 4) != 0) /* ": " and CRLF */
+        return -1;
+    for (size_t i = 0; i < len; i++) {
+        if (h->hname_len >= sizeof(h->hname)) {
+            h->hname_len = sizeof(h->hname) + 1; /* too long to be one of ours */
+            break;
+        }
+        h->hname[h->hname_len++] = at[i];
+    }
+    return 0;
+}
+
+static int on_header_field_complete(llhttp_t *p)
+{
+    pl_h1 *h = parser_h1(p);
+
+    h->cur_hdr = H_OTHER;
+    if (++h->nheaders > MAX_HEADERS)
+        return fail(h, 431, "too many request headers");
+    for (size_t i = 0; i < sizeof(known_headers) / sizeof(known_headers[0]); i++) {
+        if (strlen(known_headers[i].name) == h->hname_len &&
+            strncasecmp(known_headers[i].name, h->hname, h->hname_len) == 0) {
+            uint8_t id = known_headers[i].id;
+            if (h->seen & (1u << id))
+                return fail(h, 400, "duplicate header");
+            h->seen |= 1u << id;
+            h->cur_hdr = id;
+            h->hdr_off[id] = h->arena_len;
+            h->hdr_len[id] = 0;
+            break;
+        }
+    }
+    h->hname_len = 0;
+    return 0;
+}
+
+static int on_header_value(llhttp_t *p, const char *at, size_t len)
+{
+    pl_h1 *h = parser_h1(p);
+
+    if (count_head(h, len) != 0)
+        return -1;
+    if (h->cur_hdr == H_OTHER)
+        return 0;
+    h->hdr_len[h->cur_hdr] += (uint32_t)len;
+    return arena_put(h, at, len);
+}
+
+static int on_header_value_complete(llhttp_t *p)
+{
+    pl_h1 *h = parser_h1(p);
+
+    if (h->cur_hdr != H_OTHER) {
+        uint32_t *len = &h->hdr_len[h->cur_hdr];
+        const char *v = h->arena + h->hdr_off[h->cur_hdr];
+        while (*len > 0 && (v[*len - 1] == ' ' || v[*len - 1] == '\t'))
+            (*len)--;
+    }
+    h->cur_hdr = H_OTHER;
+    return 0;
+}
+
+static int on_headers_complete(llhttp_t *p)
+{
+    pl_h1 *h = parser_h1(p);
+    int body = (p->flags & F_CHUNKED) || p->content_length > 0, cont = 0;
+
+    h->keep_alive = llhttp_should_keep_alive(p) && !p->upgrade;
+    h->head = p->method == HTTP_HEAD;
+    if (p->http_major == 1 && p->http_minor >= 1 && !(h->seen & (1u << PL_HDR_HOST)))
+        return fail(h, 400, "missing Host header");
+    if ((p->flags & F_CONTENT_LENGTH) && p->content_length > h->limits->max_body_bytes)
+        return fail(h, 413, "request body too large");
+    if (h->seen & (1u << PL_HDR_EXPECT)) {
+        if (h->hdr_len[PL_HDR_EXPECT] != 12 ||
+            strncasecmp(h->arena + h->hdr_off[PL_HDR_EXPECT], "100-continue", 12) != 0)
+            return fail(h, 417, "unsupported Expect header");
+        cont = body;
+    }
+    h->body_off = h->arena_len;
+    if (h->events && h->events->headers && h->events->headers(h->owner, cont) != 0)
+        return fail(h, 0, NULL);
+    return 0;
+}
+
+static int on_body(llhttp_t *p, const char *at, size_t len)
+{
+    pl_h1 *h = parser_h1(p);
+
+    if (h->body_len + len > h->limits->max_body_bytes)
+        return fail(h, 413, "request body too large");
+    h->body_len += (uint32_t)len;
+    return arena_put(h, at, len);
+}
+
+static int on_message_complete(llhttp_t *p)
+{
+    parser_h1(p)->in_msg = 0;
+    return HPE_PAUSED; /* one request at a time */
+}
+
+static const llhttp_settings_t settings = {
+    .on_message_begin = on_message_begin,
+    .on_url = on_url,
+    .on_header_field = on_header_field,
+    .on_header_field_complete = on_header_field_complete,
+    .on_header_value = on_header_value,
+    .on_header_value_complete = on_header_value_complete,
+    .on_headers_complete = on_headers_complete,
+    .on_body = on_body,
+    .on_message_complete = on_message_complete,
+};
+
+void pl_h1_init(pl_h1 *h, const pl_h1_limits *limits, const pl_h1_events *events,
+                void *owner)
+{
+    memset(h, 0, sizeof(*h));
+    llhttp_init(&h->parser, HTTP_REQUEST, &settings);
+    h->limits = limits;
+    h->events = events;
+    h->owner = owner;
+}
+
+pl_h1_result pl_h1_execute(pl_h1 *h, const char *data, size_t len, size_t *used)
+{
+    llhttp_errno_t err = llhttp_execute(&h->parser, data, len);
+
+    if (err == HPE_OK) {
+        *used = len;
+        return PL_H1_AGAIN;
+    }
+    if (err == HPE_PAUSED) {
+        *used = (size_t)(llhttp_get_error_pos(&h->parser) - data);
+        llhttp_resume(&h->parser);
+        return PL_H1_REQUEST;
+    }
+    *used = len;
+    if (!h->failed) {
+        h->err_status = 400; /* llhttp's own verdict: malformed */
+        h->err_msg = "malformed HTTP request";
+    }
+    return PL_H1_ERROR;
+}
+
+void pl_h1_request(const pl_h1 *h, pl_request *req)
+{
+    const char *q;
+
+    memset(req, 0, sizeof(*req));
+    req->method = h->parser.method;
+    req->path = h->arena + h->url_off;
+    req->path_len = h->url_len;
+    if (req->path_len > 0 && req->path[0] != '/') {
+        /* absolute-form (RFC 9112 3.2.2): skip scheme and authority */
+        const char *auth = memmem(req->path, req->path_len, "://", 3);
+        const char *slash = auth ? memchr(auth + 3, '/', req->path_len - (size_t)(auth + 3 - req->path))
+                                 : NULL;
+        size_t skip = slash ? (size_t)(slash - req->path) : 0;
+        req->path += skip;
+        req->path_len -= skip;
+    }
+    q = memchr(req->path, '?', req->path_len);
+    if (q)
+        req->path_len = (size_t)(q - req->path);
+    for (int i = 0; i < PL_HDR__COUNT; i++) {
+        if (h->seen & (1u << i)) {
+            req->header[i] = h->arena + h->hdr_off[i];
+            req->header_len[i] = h->hdr_len[i];
+        }
+    }
+    req->body = h->arena + h->body_off;
+    req->body_len = h->body_len;
+}
+
+void pl_h1_release(pl_h1 *h)
+{
+    pl_free(h->arena);
+    h->arena = NULL;
+    h->arena_len = h->arena_cap = 0;
+}
