@@ -11,9 +11,9 @@
 #include "pilotlight/log.h"
 #include "pilotlight/mem.h"
 #include "pilotlight/message.h"
+#include "pilotlight/poll.h"
 #include "pilotlight/token.h"
 
-#define CONTROLLER_ID_MAX 256
 #define METRICS_BUFFER_SIZE 16384
 
 static const char json_type[] = "application/json";
@@ -184,107 +184,12 @@ void pl_broker_attach(pl_broker *b, const pl_http *h)
 
 /* ---- GET /warm-start: park ---- */
 
-static const char *const header_names[PL_HDR__COUNT] = {
-    "x-trigger-workload-controller-id", "x-trigger-deployment-id",
-    "x-trigger-deployment-version", "x-trigger-machine-cpu",
-    "x-trigger-machine-memory", "authorization",
-};
-
-/* Reads the key's deployment from the x-trigger-deployment-id header into
- * <key>, verifying a token as token_mode says (<claims> holds the strings).
- * Returns 0, or 400 or 401 with *err set. */
-static int deployment_from_header(pl_broker *b, const pl_request *req, pl_key *key,
-                                  pl_token_claims *claims, const char **err)
+static double wall_seconds(void)
 {
-    const char *id = req->header[PL_HDR_DEPLOYMENT_ID];
-    size_t len = req->header_len[PL_HDR_DEPLOYMENT_ID];
-    const char *ver = req->header[PL_HDR_DEPLOYMENT_VERSION];
-    size_t vlen = req->header_len[PL_HDR_DEPLOYMENT_VERSION];
+    struct timespec ts;
 
-    if (b->verifier != NULL) {
-        struct timespec ts;
-        const char *why = "";
-        pl_token_result r;
-
-        clock_gettime(CLOCK_REALTIME, &ts);
-        r = pl_token_verify(b->verifier, id, len, (double)ts.tv_sec + ts.tv_nsec / 1e9,
-                            claims, &why);
-        if (r == PL_TOKEN_VALID &&
-            (strlen(claims->deployment_version) != vlen ||
-             memcmp(claims->deployment_version, ver, vlen) != 0)) {
-            r = PL_TOKEN_INVALID; /* signed for another version */
-            why = "version_mismatch";
-        }
-        b->metrics.token[r]++;
-        if (r == PL_TOKEN_VALID) {
-            key->deployment = claims->deployment;
-            key->deployment_len = strlen(claims->deployment);
-            return 0;
-        }
-        PL_LOG(PL_LOG_DEBUG, "deployment token refused", "\"reason\":\"%s\",\"enforced\":%s",
-               why, b->cfg->token_mode == PL_TOKEN_MODE_ENFORCE ? "true" : "false");
-        if (b->cfg->token_mode == PL_TOKEN_MODE_ENFORCE) {
-            *err = r == PL_TOKEN_LEGACY ? "a signed deployment token is required"
-                                        : "invalid deployment token";
-            return 401;
-        }
-    }
-    if (pl_token_is_jwt(id, len)) {
-        /* unverified: the claim names the key, nothing more */
-        long n = pl_token_deployment(id, len, claims->deployment, sizeof(claims->deployment));
-        if (n < 0) {
-            *err = "x-trigger-deployment-id is a token without a deployment claim";
-            return 400;
-        }
-        id = claims->deployment;
-        len = (size_t)n;
-    }
-    if (len > PL_KEY_FIELD_MAX) {
-        *err = "x-trigger-deployment-id is too long";
-        return 400;
-    }
-    key->deployment = id;
-    key->deployment_len = len;
-    return 0;
-}
-
-/* Fills <key> from the poll's headers. Returns 0, or an HTTP status (400,
- * 401) with the message in *err (<msg> may hold it). */
-static int key_from_headers(pl_broker *b, const pl_request *req, pl_key *key,
-                            pl_token_claims *claims, char *msg, size_t msglen,
-                            const char **err)
-{
-    static const pl_header required[] = {
-        PL_HDR_CONTROLLER_ID, PL_HDR_DEPLOYMENT_ID, PL_HDR_DEPLOYMENT_VERSION,
-        PL_HDR_MACHINE_CPU, PL_HDR_MACHINE_MEMORY,
-    };
-
-    for (size_t i = 0; i < sizeof(required) / sizeof(required[0]); i++) {
-        pl_header h = required[i];
-        if (req->header[h] == NULL || req->header_len[h] == 0) {
-            if (h == PL_HDR_DEPLOYMENT_ID && b->verifier != NULL)
-                b->metrics.token[PL_TOKEN_ABSENT]++;
-            snprintf(msg, msglen, "missing header %s", header_names[h]);
-            *err = msg;
-            return 400;
-        }
-    }
-    *err = NULL;
-    if (req->header_len[PL_HDR_CONTROLLER_ID] > CONTROLLER_ID_MAX)
-        *err = "x-trigger-workload-controller-id is too long";
-    else if (req->header_len[PL_HDR_DEPLOYMENT_VERSION] > PL_KEY_FIELD_MAX)
-        *err = "x-trigger-deployment-version is too long";
-    else if (pl_key_parse_number(req->header[PL_HDR_MACHINE_CPU],
-                                 req->header_len[PL_HDR_MACHINE_CPU], &key->cpu) != 0)
-        *err = "x-trigger-machine-cpu must be a number";
-    else if (pl_key_parse_number(req->header[PL_HDR_MACHINE_MEMORY],
-                                 req->header_len[PL_HDR_MACHINE_MEMORY], &key->memory) != 0)
-        *err = "x-trigger-machine-memory must be a number";
-    if (*err != NULL)
-        return 400;
-    key->version = req->header[PL_HDR_DEPLOYMENT_VERSION];
-    key->version_len = req->header_len[PL_HDR_DEPLOYMENT_VERSION];
-    return deployment_from_header(b, req, key, claims, err);
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
 static void handle_park(pl_broker *b, pl_conn *c, const pl_request *req)
@@ -294,9 +199,12 @@ static void handle_park(pl_broker *b, pl_conn *c, const pl_request *req)
     const char *err;
     pl_waiter *w;
     pl_key key;
-    int rc;
+    int rc, token;
 
-    rc = key_from_headers(b, req, &key, &claims, msg, sizeof(msg), &err);
+    rc = pl_poll_key(req, b->verifier, b->cfg->token_mode == PL_TOKEN_MODE_ENFORCE,
+                     wall_seconds(), &key, &claims, &token, &err, msg, sizeof(msg));
+    if (token >= 0)
+        b->metrics.token[token]++;
     if (rc != 0) {
         reply_error(c, rc, err);
         return;

@@ -21,6 +21,7 @@ static const struct {
     {"authorization", PL_HDR_AUTHORIZATION},
     {"host", PL_HDR_HOST},
     {"expect", PL_HDR_EXPECT},
+    {"transfer-encoding", PL_HDR_TRANSFER_ENCODING},
 };
 
 static pl_h1 *parser_h1(llhttp_t *p)
@@ -110,12 +111,24 @@ static int on_header_field_complete(llhttp_t *p)
     pl_h1 *h = parser_h1(p);
 
     h->cur_hdr = H_OTHER;
+    if (h->hname_len == 0)
+        return fail(h, 400, "empty header name");
     if (++h->nheaders > MAX_HEADERS)
         return fail(h, 431, "too many request headers");
     for (size_t i = 0; i < sizeof(known_headers) / sizeof(known_headers[0]); i++) {
         if (strlen(known_headers[i].name) == h->hname_len &&
             strncasecmp(known_headers[i].name, h->hname, h->hname_len) == 0) {
             uint8_t id = known_headers[i].id;
+            if (id == PL_HDR_TRANSFER_ENCODING && (h->seen & (1u << id))) {
+                /* a list may span lines: keep one value, comma-joined (so
+                 * the lines must be adjacent among the headers we keep) */
+                if (h->hdr_off[id] + h->hdr_len[id] != h->arena_len)
+                    return fail(h, 501, "unsupported transfer coding");
+                h->cur_hdr = id;
+                h->hname_len = 0;
+                h->hdr_len[id] += 1;
+                return arena_put(h, ",", 1);
+            }
             if (h->seen & (1u << id))
                 return fail(h, 400, "duplicate header");
             h->seen |= 1u << id;
@@ -155,6 +168,45 @@ static int on_header_value_complete(llhttp_t *p)
     return 0;
 }
 
+/* Checks the Transfer-Encoding list (RFC 9112 6.1, 6.3): chunked must be
+ * the last coding (else the body's length is unknown: 400), and it is the
+ * only one we implement (else 501). Returns 0 or that status. */
+static int check_codings(const pl_h1 *h)
+{
+    const char *v = h->arena + h->hdr_off[PL_HDR_TRANSFER_ENCODING];
+    size_t len = h->hdr_len[PL_HDR_TRANSFER_ENCODING], i = 0;
+    int other = 0, last_chunked = 0;
+
+    while (i < len) {
+        size_t start, end;
+        while (i < len && (v[i] == ' ' || v[i] == '\t' || v[i] == ','))
+            i++;
+        start = i;
+        while (i < len && v[i] != ',')
+            i++;
+        end = i;
+        while (end > start && (v[end - 1] == ' ' || v[end - 1] == '\t'))
+            end--;
+        if (end == start)
+            continue;
+        last_chunked = end - start == 7 && strncasecmp(v + start, "chunked", 7) == 0;
+        other |= !last_chunked;
+    }
+    return !last_chunked ? 400 : other ? 501 : 0;
+}
+
+/* A Host value: reg-name or IP literal, optional port; no lists, no spaces. */
+static int host_valid(const pl_h1 *h)
+{
+    const char *v = h->arena + h->hdr_off[PL_HDR_HOST];
+
+    for (uint32_t i = 0; i < h->hdr_len[PL_HDR_HOST]; i++)
+        if (strchr(" \t,/?#@\\\"<>{}|^`", v[i]) != NULL || (unsigned char)v[i] < 0x21 ||
+            (unsigned char)v[i] > 0x7e)
+            return 0;
+    return 1;
+}
+
 static int on_headers_complete(llhttp_t *p)
 {
     pl_h1 *h = parser_h1(p);
@@ -164,6 +216,14 @@ static int on_headers_complete(llhttp_t *p)
     h->head = p->method == HTTP_HEAD;
     if (p->http_major == 1 && p->http_minor >= 1 && !(h->seen & (1u << PL_HDR_HOST)))
         return fail(h, 400, "missing Host header");
+    if ((h->seen & (1u << PL_HDR_HOST)) && !host_valid(h))
+        return fail(h, 400, "invalid Host header");
+    if (h->seen & (1u << PL_HDR_TRANSFER_ENCODING)) {
+        int status = check_codings(h);
+        if (status != 0)
+            return fail(h, status, status == 400 ? "chunked must be the last transfer coding"
+                                                 : "unsupported transfer coding");
+    }
     if ((p->flags & F_CONTENT_LENGTH) && p->content_length > h->limits->max_body_bytes)
         return fail(h, 413, "request body too large");
     if (h->seen & (1u << PL_HDR_EXPECT)) {
@@ -188,6 +248,16 @@ static int on_body(llhttp_t *p, const char *at, size_t len)
     return arena_put(h, at, len);
 }
 
+/* A chunk announced past the body limit is refused before its data. */
+static int on_chunk_header(llhttp_t *p)
+{
+    pl_h1 *h = parser_h1(p);
+
+    if (p->content_length > h->limits->max_body_bytes - h->body_len)
+        return fail(h, 413, "request body too large");
+    return 0;
+}
+
 static int on_message_complete(llhttp_t *p)
 {
     parser_h1(p)->in_msg = 0;
@@ -203,6 +273,7 @@ static const llhttp_settings_t settings = {
     .on_header_value_complete = on_header_value_complete,
     .on_headers_complete = on_headers_complete,
     .on_body = on_body,
+    .on_chunk_header = on_chunk_header,
     .on_message_complete = on_message_complete,
 };
 
@@ -214,6 +285,19 @@ void pl_h1_init(pl_h1 *h, const pl_h1_limits *limits, const pl_h1_events *events
     h->limits = limits;
     h->events = events;
     h->owner = owner;
+}
+
+/* Whether <data> starts with a method-shaped token (RFC 9110 tchars) and a
+ * space: a method we do not know (501), rather than bytes that are not HTTP
+ * at all (400). */
+static int is_token_method(const char *data, size_t len)
+{
+    size_t i = 0;
+
+    while (i < len && data[i] > 0x20 && data[i] < 0x7f &&
+           strchr("\"(),/:;<=>?@[\\]{}", data[i]) == NULL)
+        i++;
+    return i > 0 && i < len && data[i] == ' ';
 }
 
 pl_h1_result pl_h1_execute(pl_h1 *h, const char *data, size_t len, size_t *used)
@@ -230,7 +314,10 @@ pl_h1_result pl_h1_execute(pl_h1 *h, const char *data, size_t len, size_t *used)
         return PL_H1_REQUEST;
     }
     *used = len;
-    if (!h->failed) {
+    if (!h->failed && err == HPE_INVALID_METHOD && is_token_method(data, len)) {
+        h->err_status = 501;
+        h->err_msg = "method not implemented";
+    } else if (!h->failed) {
         h->err_status = 400; /* llhttp's own verdict: malformed */
         h->err_msg = "malformed HTTP request";
     }

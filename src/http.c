@@ -18,6 +18,7 @@
     ((type *)(void *)((char *)(ptr) - offsetof(type, member)))
 
 #define READ_BUFFER_SIZE 65536
+#define ARENA_KEEP_MAX 65536 /* a request arena larger than this is not kept */
 #define LINGER_MS 2000
 
 /* The timer lists. Each has one timeout for all its members, so appending
@@ -54,6 +55,7 @@ struct pl_http {
     uint64_t timer_due; /* when the armed timer fires */
     pl_http_limits limits;
     pl_h1_limits h1_limits;
+    size_t max_queued; /* bytes one connection may have waiting to be sent */
     pl_http_callbacks cb;
     void *app;
     conn_list lists[TL__COUNT];
@@ -72,6 +74,7 @@ typedef struct {
 } write_req;
 
 static void conn_close(pl_conn *c);
+void pl_conn_abort(pl_conn *c);
 static void conn_process_buffered(pl_conn *c);
 static void timer_arm(pl_http *h, uint64_t due);
 static void resume_cb(uv_idle_t *idle);
@@ -190,6 +193,14 @@ static int conn_write(pl_conn *c, const uv_buf_t *bufs, unsigned n)
         return 0;
     skip = (size_t)r;
     rest = total - skip;
+    if (uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) + rest >
+        c->http->max_queued) {
+        /* A client that does not read must not make us hold its answers:
+         * drop it, as if it had gone. */
+        PL_LOG(PL_LOG_DEBUG, "client not reading: connection dropped", NULL);
+        pl_conn_abort(c);
+        return -1;
+    }
     w = pl_malloc(sizeof(*w) + rest);
     if (w == NULL) {
         conn_close(c);
@@ -229,6 +240,7 @@ static const char *reason(int status)
     case 417: return "Expectation Failed";
     case 431: return "Request Header Fields Too Large";
     case 500: return "Internal Server Error";
+    case 501: return "Not Implemented";
     case 503: return "Service Unavailable";
     default: return "Unknown";
     }
@@ -343,8 +355,10 @@ static void conn_dispatch(pl_conn *c)
     list_remove(c);
     c->pending = 1;
     h->cb.on_request(h->app, c, &req);
-    if (c->pending)
-        pl_h1_release(&c->h1); /* a parked poll keeps no request bytes */
+    /* A parked poll keeps no request bytes; nor does an idle connection
+     * after one large body. */
+    if (c->pending || c->h1.arena_cap > ARENA_KEEP_MAX)
+        pl_h1_release(&c->h1);
 }
 
 /* Parses <len> bytes at <data>. Returns how many were used: fewer when a
@@ -629,6 +643,8 @@ pl_http *pl_http_new(uv_loop_t *loop, const pl_http_limits *limits,
     h->h1_limits.max_header_bytes = limits->max_header_bytes;
     h->h1_limits.max_url_bytes = limits->max_url_bytes;
     h->h1_limits.max_body_bytes = limits->max_body_bytes;
+    /* Room for two answers carrying a largest payload each. */
+    h->max_queued = 2 * (size_t)limits->max_body_bytes + 65536;
     uv_timer_init(loop, &h->timer);
     uv_idle_init(loop, &h->resume);
     uv_tcp_init(loop, &h->listener);

@@ -19,6 +19,7 @@ typedef enum {
     PL_HDR_AUTHORIZATION,
     PL_HDR_HOST,              /* read by the parser itself */
     PL_HDR_EXPECT,            /* read by the parser itself */
+    PL_HDR_TRANSFER_ENCODING, /* read by the parser itself; lines joined */
     PL_HDR__COUNT
 } pl_header;
 

@@ -1,0 +1,24 @@
+/* poll.h -- what a controller's long-poll asks for: its key, read from the
+ * x-trigger-* headers, with the deployment token verified when configured.
+ * No sockets: the broker and the fuzzers call it alike. */
+#ifndef PILOTLIGHT_POLL_H
+#define PILOTLIGHT_POLL_H
+
+#include "pilotlight/h1.h"
+#include "pilotlight/key.h"
+#include "pilotlight/token.h"
+
+#define PL_POLL_CONTROLLER_ID_MAX 256
+
+/* Fills <key> from the headers of <req>. <key>'s strings point into <req>
+ * or <claims>. With a <verifier>, the deployment-id header is verified
+ * (<now> in seconds since the epoch) and *token set to its pl_token_result;
+ * otherwise *token is -1. A valid token names the deployment, and must be
+ * for the version in the header. Returns 0, or the HTTP status to answer
+ * (400 malformed; 401 when <enforce> and the token is not valid) with *err
+ * set, possibly to <msg>. */
+int pl_poll_key(const pl_request *req, pl_token_verifier *verifier, int enforce,
+                double now, pl_key *key, pl_token_claims *claims, int *token,
+                const char **err, char *msg, size_t msglen);
+
+#endif

@@ -1,0 +1,101 @@
+/* poll.c -- a long-poll's key from its headers, tokens verified or read. */
+#include <stdio.h>
+#include <string.h>
+
+#include "pilotlight/log.h"
+#include "pilotlight/poll.h"
+
+static const char *const header_names[] = {
+    "x-trigger-workload-controller-id", "x-trigger-deployment-id",
+    "x-trigger-deployment-version", "x-trigger-machine-cpu",
+    "x-trigger-machine-memory",
+};
+
+/* Sets the key's deployment from the deployment-id header. */
+static int read_deployment(const pl_request *req, pl_token_verifier *verifier,
+                           int enforce, double now, pl_key *key,
+                           pl_token_claims *claims, int *token, const char **err)
+{
+    const char *id = req->header[PL_HDR_DEPLOYMENT_ID];
+    size_t len = req->header_len[PL_HDR_DEPLOYMENT_ID];
+
+    if (verifier != NULL) {
+        const char *why = "";
+        pl_token_result r = pl_token_verify(verifier, id, len, now, claims, &why);
+
+        if (r == PL_TOKEN_VALID && (strlen(claims->deployment_version) != key->version_len ||
+                                    memcmp(claims->deployment_version, key->version,
+                                           key->version_len) != 0)) {
+            r = PL_TOKEN_INVALID; /* signed for another version */
+            why = "version_mismatch";
+        }
+        *token = (int)r;
+        if (r == PL_TOKEN_VALID) {
+            key->deployment = claims->deployment;
+            key->deployment_len = strlen(claims->deployment);
+            return 0;
+        }
+        PL_LOG(PL_LOG_DEBUG, "deployment token refused", "\"reason\":\"%s\",\"enforced\":%s",
+               why, enforce ? "true" : "false");
+        if (enforce) {
+            *err = r == PL_TOKEN_LEGACY ? "a signed deployment token is required"
+                                        : "invalid deployment token";
+            return 401;
+        }
+    }
+    if (pl_token_is_jwt(id, len)) {
+        /* unverified: the claim names the key, nothing more */
+        long n = pl_token_deployment(id, len, claims->deployment, sizeof(claims->deployment));
+        if (n < 0) {
+            *err = "x-trigger-deployment-id is a token without a deployment claim";
+            return 400;
+        }
+        id = claims->deployment;
+        len = (size_t)n;
+    }
+    if (len > PL_KEY_FIELD_MAX) {
+        *err = "x-trigger-deployment-id is too long";
+        return 400;
+    }
+    key->deployment = id;
+    key->deployment_len = len;
+    return 0;
+}
+
+int pl_poll_key(const pl_request *req, pl_token_verifier *verifier, int enforce,
+                double now, pl_key *key, pl_token_claims *claims, int *token,
+                const char **err, char *msg, size_t msglen)
+{
+    static const pl_header required[] = {
+        PL_HDR_CONTROLLER_ID, PL_HDR_DEPLOYMENT_ID, PL_HDR_DEPLOYMENT_VERSION,
+        PL_HDR_MACHINE_CPU, PL_HDR_MACHINE_MEMORY,
+    };
+
+    *token = -1;
+    *err = NULL;
+    for (size_t i = 0; i < sizeof(required) / sizeof(required[0]); i++) {
+        pl_header h = required[i];
+        if (req->header[h] == NULL || req->header_len[h] == 0) {
+            if (h == PL_HDR_DEPLOYMENT_ID && verifier != NULL)
+                *token = PL_TOKEN_ABSENT;
+            snprintf(msg, msglen, "missing header %s", header_names[h]);
+            *err = msg;
+            return 400;
+        }
+    }
+    if (req->header_len[PL_HDR_CONTROLLER_ID] > PL_POLL_CONTROLLER_ID_MAX)
+        *err = "x-trigger-workload-controller-id is too long";
+    else if (req->header_len[PL_HDR_DEPLOYMENT_VERSION] > PL_KEY_FIELD_MAX)
+        *err = "x-trigger-deployment-version is too long";
+    else if (pl_key_parse_number(req->header[PL_HDR_MACHINE_CPU],
+                                 req->header_len[PL_HDR_MACHINE_CPU], &key->cpu) != 0)
+        *err = "x-trigger-machine-cpu must be a number";
+    else if (pl_key_parse_number(req->header[PL_HDR_MACHINE_MEMORY],
+                                 req->header_len[PL_HDR_MACHINE_MEMORY], &key->memory) != 0)
+        *err = "x-trigger-machine-memory must be a number";
+    if (*err != NULL)
+        return 400;
+    key->version = req->header[PL_HDR_DEPLOYMENT_VERSION];
+    key->version_len = req->header_len[PL_HDR_DEPLOYMENT_VERSION];
+    return read_deployment(req, verifier, enforce, now, key, claims, token, err);
+}
