@@ -318,7 +318,9 @@ static int load_flags(pl_config *cfg, int argc, char **argv,
             if (apply(cfg, s, v ? v : argv[++i], err, errlen) != 0)
                 return -1;
         } else {
-            snprintf(err, errlen, "unknown option '%s' (see --help)", arg);
+            /* the name only: a mistyped --token-secret=... must not echo */
+            snprintf(err, errlen, "unknown option '%.*s' (see --help)",
+                     (int)strcspn(arg, "="), arg);
             return -1;
         }
     }
@@ -328,6 +330,7 @@ static int load_flags(pl_config *cfg, int argc, char **argv,
 /* Reads token_secret_file into token_secret, without one trailing newline. */
 static int read_secret(pl_config *cfg, char *err, size_t errlen)
 {
+    char buf[PL_CONFIG_STRING_MAX + 2]; /* the longest secret, CR and LF */
     FILE *f = fopen(cfg->token_secret_file, "r");
     size_t n;
 
@@ -335,17 +338,18 @@ static int read_secret(pl_config *cfg, char *err, size_t errlen)
         snprintf(err, errlen, "token_secret_file %s: %s", cfg->token_secret_file, strerror(errno));
         return -1;
     }
-    n = fread(cfg->token_secret, 1, sizeof(cfg->token_secret), f);
+    n = fread(buf, 1, sizeof(buf), f);
     fclose(f);
-    if (n == sizeof(cfg->token_secret)) {
+    if (n > 0 && buf[n - 1] == '\n')
+        n--;
+    if (n > 0 && buf[n - 1] == '\r')
+        n--;
+    if (n >= PL_CONFIG_STRING_MAX) {
         snprintf(err, errlen, "token_secret_file %s: longer than %d bytes",
                  cfg->token_secret_file, PL_CONFIG_STRING_MAX - 1);
         return -1;
     }
-    if (n > 0 && cfg->token_secret[n - 1] == '\n')
-        n--;
-    if (n > 0 && cfg->token_secret[n - 1] == '\r')
-        n--;
+    memcpy(cfg->token_secret, buf, n);
     cfg->token_secret[n] = '\0';
     return 0;
 }

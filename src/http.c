@@ -1,4 +1,5 @@
 /* http.c -- HTTP/1.1 connections: parse, limit, time out, answer in order. */
+#include <malloc.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
@@ -61,6 +62,7 @@ struct pl_http {
     conn_list lists[TL__COUNT];
     uint64_t timeouts[TL__COUNT];
     uint64_t nconns;
+    uint64_t peak; /* most connections since memory was last trimmed */
     uint64_t last_accept_error;
     int listening, draining;
     void (*drained)(void *arg);
@@ -485,6 +487,12 @@ static void on_closed(uv_handle_t *handle)
     pl_h1_release(&c->h1);
     pl_free(c);
     h->nconns--;
+    if (h->peak >= 1024 && h->nconns < h->peak / 2) {
+        /* Half of a large crowd has gone: give its memory back to the
+         * system, so RSS follows what is parked instead of its peak. */
+        h->peak = h->nconns;
+        malloc_trim(0);
+    }
     if (h->draining && h->nconns == 0 && h->drained)
         h->drained(h->drained_arg);
 }
@@ -608,7 +616,8 @@ static void on_connection(uv_stream_t *server, int status)
     memset(c, 0, sizeof(*c));
     c->http = h;
     uv_tcp_init(h->loop, &c->tcp);
-    h->nconns++;
+    if (++h->nconns > h->peak)
+        h->peak = h->nconns;
     if (uv_accept(server, (uv_stream_t *)&c->tcp) != 0) {
         conn_close(c);
         return;

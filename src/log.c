@@ -1,5 +1,6 @@
 /* log.c -- one JSON object per line on stderr. */
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -10,31 +11,64 @@ pl_log_level pl_log_threshold = PL_LOG_INFO;
 
 static const char *const level_names[] = {"error", "warn", "info", "debug"};
 
+/* Length of the valid UTF-8 sequence starting at <s> (at most <len> bytes),
+ * or 0 when it is not one (overlong forms and surrogates included). */
+static size_t utf8_len(const unsigned char *s, size_t len)
+{
+    size_t n = s[0] >= 0xf0 && s[0] <= 0xf4 ? 4 : s[0] >= 0xe0 ? 3 : s[0] >= 0xc2 ? 2 : 0;
+    uint32_t cp;
+
+    if (n == 0 || n > len)
+        return 0;
+    for (size_t i = 1; i < n; i++)
+        if ((s[i] & 0xc0) != 0x80)
+            return 0;
+    cp = n == 2 ? (s[0] & 0x1fu) << 6 | (s[1] & 0x3fu)
+       : n == 3 ? (s[0] & 0x0fu) << 12 | (s[1] & 0x3fu) << 6 | (s[2] & 0x3fu)
+                : (s[0] & 0x07u) << 18 | (s[1] & 0x3fu) << 12 | (s[2] & 0x3fu) << 6 | (s[3] & 0x3fu);
+    if ((n == 3 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) ||
+        (n == 4 && (cp < 0x10000 || cp > 0x10ffff)))
+        return 0;
+    return n;
+}
+
 size_t pl_log_escape(char *out, size_t cap, const char *s, size_t len)
 {
     static const char hex[] = "0123456789abcdef";
     size_t o = 0;
 
-    for (size_t i = 0; i < len; i++) {
+    for (size_t i = 0; i < len;) {
         unsigned char c = (unsigned char)s[i];
+        const char *src = s + i;
         char esc[7];
-        size_t n = 0;
+        size_t n = 1, step = 1;
 
         if (c == '"' || c == '\\') {
-            esc[n++] = '\\';
-            esc[n++] = (char)c;
+            esc[0] = '\\';
+            esc[1] = (char)c;
+            src = esc;
+            n = 2;
         } else if (c < 0x20 || c == 0x7f) {
             memcpy(esc, "\\u00", 4);
             esc[4] = hex[c >> 4];
             esc[5] = hex[c & 15];
+            src = esc;
             n = 6;
-        } else {
-            esc[n++] = (char)c;
+        } else if (c >= 0x80) {
+            /* valid UTF-8 passes; any other byte becomes U+FFFD, so the
+             * output is valid JSON whatever a client sent */
+            step = n = utf8_len((const unsigned char *)s + i, len - i);
+            if (n == 0) {
+                src = "\\ufffd";
+                n = 6;
+                step = 1;
+            }
         }
         if (o + n >= cap)
             break;
-        memcpy(out + o, esc, n);
+        memcpy(out + o, src, n);
         o += n;
+        i += step;
     }
     if (cap > 0)
         out[o] = '\0';

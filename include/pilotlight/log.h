@@ -20,9 +20,9 @@ void pl_log_write(pl_log_level level, const char *msg, const char *fields, ...)
             pl_log_write((level), __VA_ARGS__); \
     } while (0)
 
-/* Writes <s> (<len> bytes) as the inside of a JSON string into <out>
- * (<cap> bytes, always NUL-terminated, truncated to fit). Returns the
- * length written. */
+/* Writes <s> (<len> bytes) as the inside of a JSON string into <out> (<cap>
+ * bytes, always NUL-terminated, truncated to fit): controls escaped, bytes
+ * that are not UTF-8 replaced by U+FFFD. Returns the length written. */
 size_t pl_log_escape(char *out, size_t cap, const char *s, size_t len);
 
 #endif

@@ -39,11 +39,12 @@ def cpu_seconds(pid):
 
 
 def sanitized(pid):
-    """True when the server runs under AddressSanitizer: its shadow memory
-    and quarantine make RSS figures meaningless, so RSS bounds are not
+    """True when the server runs under AddressSanitizer or valgrind: shadow
+    memory and quarantine make RSS figures meaningless, so RSS bounds are not
     checked there (the figures are still printed)."""
     with open(f"/proc/{pid}/maps") as f:
-        return "libasan" in f.read()
+        maps = f.read()
+    return "libasan" in maps or "vgpreload" in maps
 
 
 def report(what, **figures):

@@ -1,6 +1,8 @@
 // mint.mjs -- deployment-token test vectors for pilotlight's verifier.
 //
 // Usage: node mint.mjs OUT.json
+//        node mint.mjs --one SECRET DEPLOYMENT VERSION EXP_SECONDS
+//        node mint.mjs --many < SPECS.json   (see liveToken() below)
 //
 // Genuine tokens are minted with the real `jose` library exactly as
 // Trigger.dev's mintWorkloadDeploymentToken() does (@trigger.dev/core 4.8.3,
@@ -239,13 +241,62 @@ async function checkTriggerCore(good) {
   return "identical";
 }
 
-const out = process.argv[2];
-if (!out) {
-  console.error("usage: node mint.mjs OUT.json");
-  process.exit(2);
+// ---- live tokens for the black-box tests (tests/blackbox/test_identity.py)
+//
+// --one SECRET DEPLOYMENT VERSION EXP_SECONDS prints one token minted as
+// above, expiring EXP_SECONDS (negative: already expired) from the real clock.
+// --many reads a JSON array of specs on stdin and prints a JSON array of
+// tokens, one per spec: {secret, deployment, version, exp (seconds from now,
+// default 3600) or exp_at (absolute, seconds since the epoch), kind}. kind "jose" (default) mints as Trigger.dev does;
+// "unsecured" is jose's UnsecuredJWT (alg none, empty signature); "raw" signs
+// the JSON text of spec.header over the same claims by hand (HMAC-SHA256),
+// for headers jose refuses to write, such as {"alg":"none"}.
+async function liveToken(spec) {
+  const claims = { ...CLAIMS, deployment: spec.deployment, deployment_version: spec.version };
+  const exp = spec.exp_at ?? Math.floor(Date.now() / 1000) + Number(spec.exp ?? 3600);
+  const secret = spec.secret ?? SECRET;
+  switch (spec.kind ?? "jose") {
+    case "jose":
+      return mint(claims, secret, exp);
+    case "unsecured":
+      return new UnsecuredJWT({ ver: 1, ...claims }).setIssuer(ISSUER).setAudience(AUDIENCE)
+        .setExpirationTime(exp).encode();
+    case "raw":
+      return signRaw(JSON.stringify(spec.header),
+                     JSON.stringify({ ver: 1, ...claims, iss: ISSUER, aud: AUDIENCE, exp }), secret);
+    default:
+      throw new Error(`unknown kind ${spec.kind}`);
+  }
 }
-const good = await build();
-for (const v of vectors) v.jose = await joseVerdict(v.token, v.secret);
-const triggerCore = await checkTriggerCore(good);
-writeFileSync(out, JSON.stringify({ now: NOW, trigger_core: triggerCore, vectors }, null, 1));
-console.log(`${vectors.length} vectors, trigger_core ${triggerCore}`);
+
+async function readStdin() {
+  const chunks = [];
+  for await (const c of process.stdin) chunks.push(c);
+  return Buffer.concat(chunks).toString("utf8");
+}
+
+const mode = process.argv[2];
+if (mode === "--one") {
+  const [secret, deployment, version, exp] = process.argv.slice(3);
+  if (exp === undefined || !Number.isFinite(Number(exp))) {
+    console.error("usage: node mint.mjs --one SECRET DEPLOYMENT VERSION EXP_SECONDS");
+    process.exit(2);
+  }
+  console.log(await liveToken({ secret, deployment, version, exp: Number(exp) }));
+} else if (mode === "--many") {
+  const specs = JSON.parse(await readStdin());
+  const tokens = [];
+  for (const spec of specs) tokens.push(await liveToken(spec));
+  console.log(JSON.stringify(tokens));
+} else {
+  const out = mode;
+  if (!out || out.startsWith("--")) {
+    console.error("usage: node mint.mjs OUT.json | --one SECRET DEPLOYMENT VERSION EXP_SECONDS | --many < SPECS.json");
+    process.exit(2);
+  }
+  const good = await build();
+  for (const v of vectors) v.jose = await joseVerdict(v.token, v.secret);
+  const triggerCore = await checkTriggerCore(good);
+  writeFileSync(out, JSON.stringify({ now: NOW, trigger_core: triggerCore, vectors }, null, 1));
+  console.log(`${vectors.length} vectors, trigger_core ${triggerCore}`);
+}
