@@ -1,0 +1,492 @@
+"""Scale-out: three pilotlight instances behind HAProxy with
+deploy/haproxy/haproxy.cfg, all on loopback.
+
+A key's controllers and its dispatches must reach the same instance; the
+proxy hashes the four key fields (headers for a poll, the JSON body for a
+dispatch) onto a consistent-hash ring. These tests hold it to "every dispatch
+is answered exactly as one instance would answer it", with numbers written
+differently on the two sides and deployment tokens, and through the loss of
+an instance (killed, or drained by SIGTERM): its controllers are parked again
+on the survivors without seeing an error, and are matched again.
+
+Skipped, saying why, only where haproxy (2.6 or later) is not installed:
+deploy/install-deps.sh --test installs Debian's.
+"""
+
+import base64
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import (HOST, Conn, make_message, poll_headers,
+                      read_payload, scrape, assert_ledger)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+HAPROXY_CFG = REPO_ROOT / "deploy" / "haproxy" / "haproxy.cfg"
+
+
+def _find_haproxy():
+    exe = shutil.which("haproxy") or next(
+        (p for p in ("/usr/sbin/haproxy", "/usr/local/sbin/haproxy") if os.access(p, os.X_OK)),
+        None)
+    if exe is None:
+        return None, "haproxy is not installed (deploy/install-deps.sh --test installs Debian's)"
+    out = subprocess.run([exe, "-v"], capture_output=True, text=True, timeout=10).stdout
+    m = re.search(r"version (\d+)\.(\d+)", out)
+    if not m or (int(m.group(1)), int(m.group(2))) < (2, 6):
+        return None, f"haproxy at {exe} is older than 2.6 ({out.splitlines()[0] if out else '?'})"
+    return exe, ""
+
+
+HAPROXY, WHY_SKIP = _find_haproxy()
+pytestmark = pytest.mark.skipif(HAPROXY is None, reason=WHY_SKIP)
+
+CPUS = [0.25, 0.5, 1, 2, 4]
+MEMORIES = [0.25, 0.5, 1, 2, 4, 8]
+WAIT = 10.0     # bound on every wait below (generous: the suite also runs under ASan)
+
+
+# --------------------------------------------------------------------------
+# HAProxy in front of the instances
+# --------------------------------------------------------------------------
+
+def free_port():
+    s = socket.socket()
+    s.bind((HOST, 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+class Proxy:
+    """haproxy -db with the repository's config; servers, ports and sockets
+    come in through the environment variables the config reads."""
+
+    def __init__(self, servers, tmpdir):
+        self.dir = tmpdir
+        self.servers = servers
+        self.stats_sock = os.path.join(tmpdir, "haproxy.sock")
+        self.log_path = os.path.join(tmpdir, "haproxy.log")
+        self.proc = None
+        for _ in range(3):  # the free port may be taken before haproxy binds it
+            self.port = free_port()
+            if self._start():
+                return
+        raise AssertionError(f"haproxy did not start:\n{self.log()[-3000:]}")
+
+    def _start(self):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PL_")}
+        env.update({
+            "PL_HAPROXY_BIND": f"{HOST}:{self.port}",
+            "PL_HAPROXY_STATS_SOCKET": self.stats_sock,
+            "PL_HAPROXY_STATS_BIND": os.path.join(self.dir, "stats-http.sock"),
+            "PL_HAPROXY_MAXCONN": "1000",
+        })
+        for i, s in enumerate(self.servers, 1):
+            env[f"PL_SERVER_{i}"] = f"{HOST}:{s.port}"
+        self.logf = open(self.log_path, "ab")
+        self.proc = subprocess.Popen([HAPROXY, "-db", "-f", str(HAPROXY_CFG)], env=env,
+                                     stdin=subprocess.DEVNULL, stdout=self.logf,
+                                     stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + WAIT
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                self.logf.close()
+                return False
+            try:
+                if all(st == "UP" for st in self.states()):
+                    socket.create_connection((HOST, self.port), timeout=1).close()
+                    return True
+            except (OSError, KeyError, IndexError):
+                pass
+            time.sleep(0.05)
+        self.stop()
+        raise AssertionError(f"haproxy never saw its servers UP:\n{self.log()[-3000:]}")
+
+    def log(self):
+        with open(self.log_path, "rb") as f:
+            return f.read().decode("utf-8", "replace")
+
+    def cli(self, command):
+        s = socket.socket(socket.AF_UNIX)
+        s.settimeout(5)
+        s.connect(self.stats_sock)
+        s.sendall(command.encode() + b"\n")
+        out = b""
+        while True:
+            data = s.recv(65536)
+            if not data:
+                break
+            out += data
+        s.close()
+        return out.decode()
+
+    def states(self):
+        """Status of servers pl1..pl3 ("UP", "DOWN", "UP 1/2", ...)."""
+        lines = self.cli("show stat").splitlines()
+        cols = lines[0].lstrip("# ").split(",")
+        got = {}
+        for ln in lines[1:]:
+            row = dict(zip(cols, ln.split(",")))
+            if row.get("pxname") == "pilotlight" and row.get("svname", "").startswith("pl"):
+                got[row["svname"]] = row["status"]
+        return [got[f"pl{i}"] for i in range(1, len(self.servers) + 1)]
+
+    def wait_state(self, index, state):
+        deadline = time.monotonic() + WAIT
+        while self.states()[index] != state:
+            assert time.monotonic() < deadline, \
+                f"server pl{index + 1} never {state}: {self.states()}\n{self.log()[-3000:]}"
+            time.sleep(0.02)
+
+    def routing_keys(self):
+        """[(method, routing string)] from the log, in completion order."""
+        return re.findall(r'\{([^}]*)\} "(GET|POST) /warm-start', self.log())
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if not self.logf.closed:
+            self.logf.close()
+
+
+@pytest.fixture
+def cluster(start_server):
+    """(proxy, [3 servers]). HAProxy stops first, then the fixture of
+    conftest stops the servers (ledger, exit code 0)."""
+    servers = [start_server() for _ in range(3)]
+    with tempfile.TemporaryDirectory() as d:
+        proxy = Proxy(servers, d)
+        try:
+            yield proxy, servers
+        finally:
+            proxy.stop()
+
+
+@pytest.fixture
+def drain_cluster(start_server):
+    """As `cluster`, with a drain delay long enough for the proxy's health
+    checks (inter 1 s, fastinter 250 ms, fall 2) to see /readyz turn 503."""
+    servers = [start_server("--drain-delay-ms", "2500") for _ in range(3)]
+    with tempfile.TemporaryDirectory() as d:
+        proxy = Proxy(servers, d)
+        try:
+            yield proxy, servers
+        finally:
+            proxy.stop()
+            # Drain the rest together rather than one after the other; the
+            # conftest fixture then checks their exit codes.
+            alive = [s for s in servers if s.proc.poll() is None]
+            for s in alive:
+                assert_ledger(s.port)
+            for s in alive:
+                s.sigterm()
+            for s in alive:
+                s.wait_exit()
+
+
+# --------------------------------------------------------------------------
+# Keys, controllers, dispatches
+# --------------------------------------------------------------------------
+
+def js_text(v):
+    """JavaScript String(number), as a controller writes its headers."""
+    return str(int(v)) if float(v).is_integer() else repr(float(v))
+
+
+def b64url(obj):
+    raw = json.dumps(obj, separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+def deployment_token(deployment):
+    """A JWT-shaped deployment id carrying <deployment> (unsigned)."""
+    claims = {"ver": 1, "deployment": deployment, "deployment_version": "20261130.1",
+              "environment_id": "env_1", "environment_type": "PRODUCTION",
+              "org_id": "org_1", "project_id": "proj_1", "exp": 4102444800}
+    return f"{b64url({'alg': 'HS256', 'typ': 'JWT'})}.{b64url(claims)}.c2lnbmF0dXJl"
+
+
+def key_of(i, prefix="deployment_hx"):
+    """Key <i>: (deployment, version, cpu, memory), all sizes covered."""
+    return (f"{prefix}{i:02d}", f"2026113{i % 3}.{i % 7}", CPUS[i % 5], MEMORIES[(i // 5) % 6])
+
+
+def total(servers, attr):
+    return sum(getattr(scrape(s.port), attr) for s in servers if s.proc.poll() is None)
+
+
+def wait_total(servers, attr, want, what):
+    deadline = time.monotonic() + WAIT
+    while True:
+        got = total(servers, attr)
+        if got == want:
+            return
+        assert time.monotonic() < deadline, f"{what}: {attr} is {got}, want {want}"
+        time.sleep(0.02)
+
+
+class Controller:
+    """A poll through the proxy, and what a real controller would do with
+    its outcome."""
+
+    def __init__(self, port, key, n, token=False, cpu_text=None, mem_text=None):
+        self.port, self.key = port, key
+        dep, ver, cpu, mem = key
+        self.headers = poll_headers(deployment=deployment_token(dep) if token else dep,
+                                    version=ver,
+                                    cpu=js_text(cpu) if cpu_text is None else cpu_text,
+                                    memory=js_text(mem) if mem_text is None else mem_text,
+                                    controller_id=f"controller_hx_{n}")
+        self.repolls = 0
+        self.poll()
+
+    def poll(self):
+        self.conn = Conn(self.port, timeout=WAIT)
+        self.conn.request("GET", "/warm-start", self.headers)
+
+    def idle(self):
+        """True while nothing came back. A close without a response is a
+        network error to a real controller: it polls again (counted here).
+        Any response is a failure: a real one exits on a non-2xx."""
+        if self.conn.silent_for(0):
+            return True
+        if self.conn.buf:
+            r = self.conn.read_response()
+            raise AssertionError(f"controller {self.key} got an answer before any dispatch: {r}")
+        self.conn.close()
+        self.repolls += 1
+        self.poll()
+        return False
+
+    def close(self):
+        self.conn.close()
+
+
+def dispatch_via(port, key, run_id, cpu_text=None, mem_text=None):
+    """Dispatches a message for <key> through the proxy; returns
+    (didWarmStart, message). Numbers are written by json.dumps (floats: 1.0,
+    0.25) unless given as text."""
+    dep, ver, cpu, mem = key
+    m = make_message(deployment=dep, version=ver, cpu=float(cpu), memory=float(mem),
+                     run_id=run_id)
+    body = json.dumps({"dequeuedMessage": m})
+    if cpu_text is not None:
+        body = body.replace(f'"cpu": {json.dumps(float(cpu))}', f'"cpu": {cpu_text}', 1)
+    if mem_text is not None:
+        body = body.replace(f'"memory": {json.dumps(float(mem))}', f'"memory": {mem_text}', 1)
+    c = Conn(port, timeout=WAIT)
+    try:
+        c.request("POST", "/warm-start", {"Content-Type": "application/json"}, body)
+        r = c.read_response()
+    finally:
+        c.close()
+    assert r.status == 200, r
+    got = r.json()
+    assert set(got) == {"didWarmStart"}, r
+    return got["didWarmStart"], m
+
+
+def check_payload(ctrl, msg):
+    got = read_payload(ctrl.conn, timeout=WAIT)
+    assert got == msg, f"controller {ctrl.key} got run {got['run']['friendlyId']}, " \
+                       f"expected {msg['run']['friendlyId']}"
+
+
+# --------------------------------------------------------------------------
+# Tests
+# --------------------------------------------------------------------------
+
+def test_config_is_valid():
+    env = dict(os.environ, PL_HAPROXY_STATS_SOCKET="/tmp/pilotlight-haproxy-check.sock")
+    r = subprocess.run([HAPROXY, "-c", "-f", str(HAPROXY_CFG)], env=env,
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_fifty_keys_every_dispatch_answered_as_one_instance_would(cluster):
+    proxy, servers = cluster
+    keys = [key_of(i) for i in range(50)]
+    wanted = {k: i % 3 for i, k in enumerate(keys)}      # 0, 1 or 2 controllers
+    ctrls = {k: [] for k in keys}
+    n = 0
+    # Two rounds, each fully parked before the next, so FIFO order is known.
+    for rnd in range(2):
+        for i, k in enumerate(keys):
+            if wanted[k] > rnd:
+                ctrls[k].append(Controller(proxy.port, k, n, token=(i % 4 == 0)))
+                n += 1
+        wait_total(servers, "parked_now", n, f"round {rnd} to park")
+    assert n == sum(wanted.values())
+
+    # Each key's controllers sit on one instance, and every instance got some.
+    per = [scrape(s.port) for s in servers]
+    assert sum(m.keys_now for m in per) == sum(1 for k in keys if wanted[k]), \
+        "a key's controllers were split across instances"
+    assert all(m.parked_now > 0 for m in per), \
+        f"keys not spread: {[m.parked_now for m in per]}"
+
+    # Two dispatches per key: exactly what a single instance answers.
+    results, hits = {}, 0
+    for k in keys:
+        results[k] = []
+        for d in range(2):
+            ok, msg = dispatch_via(proxy.port, k, f"run_{k[0]}_{d}")
+            results[k].append(ok)
+            if ok:
+                hits += 1
+                check_payload(ctrls[k][d], msg)     # FIFO: oldest first
+        expected = [d < wanted[k] for d in range(2)]
+        assert results[k] == expected, f"key {k}: {results[k]} != {expected}"
+
+    per = [scrape(s.port) for s in servers]
+    assert sum(m.dispatched("hit") for m in per) == hits
+    assert sum(m.dispatched("miss") for m in per) == 2 * len(keys) - hits
+    assert sum(m.parked_now for m in per) == 0
+    for m in per:
+        assert_ledger(m)
+    # Poll and dispatch of a key hashed the same string.
+    polls = {key for key, method in proxy.routing_keys() if method == "GET"}
+    posts = {key for key, method in proxy.routing_keys() if method == "POST"}
+    assert polls and polls <= posts, polls - posts
+
+
+@pytest.mark.parametrize("cpu_hdr,mem_hdr,cpu_json,mem_json", [
+    ("1", "1", "1.0", "1"),
+    ("0.5", "0.25", "0.5", "0.25"),
+    ("0.5", "1", "5E-1", "1.00"),
+    ("1.0", "0.50", "1", "0.5"),
+    ("2", "4", "2.00", "4e0"),
+    ("4", "8", "4", "0.8e1"),
+])
+def test_numbers_written_differently_route_together(cluster, cpu_hdr, mem_hdr,
+                                                     cpu_json, mem_json):
+    proxy, servers = cluster
+    # Several deployments per case: a routing mismatch cannot hide behind a
+    # lucky hash (and the log check below catches it outright).
+    case = f"{cpu_hdr}_{mem_hdr}".replace(".", "p")    # no dots: "a.b.c" looks like a JWT
+    deps = [f"deployment_num_{case}_{j}" for j in range(6)]
+    ctrls = []
+    for j, dep in enumerate(deps):
+        ctrls.append(Controller(proxy.port, (dep, "20261130.1", 0, 0), j, token=(j % 2 == 1),
+                                cpu_text=cpu_hdr, mem_text=mem_hdr))
+    wait_total(servers, "parked_now", len(deps), "polls to park")
+    for c, dep in zip(ctrls, deps):
+        key = (dep, "20261130.1", float(cpu_json), float(mem_json))
+        ok, msg = dispatch_via(proxy.port, key, f"run_{dep}", cpu_text=cpu_json, mem_text=mem_json)
+        assert ok, f"header {cpu_hdr}/{mem_hdr} vs JSON {cpu_json}/{mem_json} ({dep}) missed"
+        got = read_payload(c.conn, timeout=WAIT)
+        assert got["run"]["friendlyId"] == f"run_{dep}"
+    seen = {}
+    for key, method in proxy.routing_keys():
+        seen.setdefault(key.split(" ")[0], set()).add(key)
+    for dep in deps:
+        assert len(seen.get(dep, ())) == 1, f"{dep}: routing strings {seen.get(dep)}"
+
+
+def test_large_dispatch_body_still_routes(cluster):
+    """The proxy hashes a dispatch from its buffered body: 12 KB (3-6 times
+    a usual DequeuedMessage) must still fit (tune.bufsize 16384 allows ~15 KB)."""
+    proxy, servers = cluster
+    keys = [key_of(i, prefix="deployment_big") for i in range(6)]
+    ctrls = [Controller(proxy.port, k, i) for i, k in enumerate(keys)]
+    wait_total(servers, "parked_now", len(keys), "polls to park")
+    for c in ctrls:
+        dep, ver, cpu, mem = c.key
+        m = make_message(deployment=dep, version=ver, cpu=cpu, memory=mem, run_id=f"run_{dep}")
+        m["completedWaitpoints"] = [{"id": "waitpoint_1", "output": "x" * 12000}]
+        body = json.dumps({"dequeuedMessage": m})
+        assert len(body) > 12000
+        r = Conn(proxy.port, timeout=WAIT)
+        try:
+            r.request("POST", "/warm-start", {"Content-Type": "application/json"}, body)
+            resp = r.read_response()
+        finally:
+            r.close()
+        assert resp.status == 200 and resp.json() == {"didWarmStart": True}, resp
+        check_payload(c, m)
+
+
+def test_controller_abort_reaches_the_instance(cluster):
+    """A controller that gives up closes its connection (a FIN). The proxy
+    must pass that on at once, or a dispatch could be 'delivered' to nobody."""
+    proxy, servers = cluster
+    key = key_of(7, prefix="deployment_abort")
+    c = Controller(proxy.port, key, 0)
+    wait_total(servers, "parked_now", 1, "the poll to park")
+    before = sum(scrape(s.port).settled("disconnect") for s in servers)
+    c.close()
+    wait_total(servers, "parked_now", 0, "the abort to reach pilotlight")
+    after = sum(scrape(s.port).settled("disconnect") for s in servers)
+    assert after == before + 1
+    ok, _ = dispatch_via(proxy.port, key, "run_after_abort")
+    assert ok is False
+
+
+def _lose_one(proxy, servers, how):
+    keys = [key_of(i, prefix="deployment_loss") for i in range(50)]
+    ctrls = [Controller(proxy.port, k, i) for i, k in enumerate(keys)]
+    wait_total(servers, "parked_now", 50, "50 polls to park")
+    per = [scrape(s.port).parked_now for s in servers]
+    victim = max(range(3), key=lambda i: per[i])
+    survivors = [s for i, s in enumerate(servers) if i != victim]
+    parked_before = sum(scrape(s.port).parked_total for s in survivors)
+
+    if how == "kill":
+        servers[victim].proc.kill()
+        servers[victim].proc.wait()
+        servers[victim].stopped = True      # no clean exit to check
+    else:
+        servers[victim].sigterm()
+    proxy.wait_state(victim, "DOWN")
+
+    # The victim's controllers are parked again on the survivors, without
+    # ever receiving a response (a real controller exits on a 502).
+    deadline = time.monotonic() + WAIT
+    while True:
+        for c in ctrls:
+            c.idle()
+        if total(survivors, "parked_now") == 50:
+            break
+        assert time.monotonic() < deadline, \
+            f"only {total(survivors, 'parked_now')} of 50 polls parked on the survivors"
+        time.sleep(0.02)
+    assert sum(scrape(s.port).parked_total for s in survivors) - parked_before == per[victim]
+    if how == "term":
+        assert servers[victim].wait_exit() == 0
+
+    # Every key, the lost instance's included, is matched again.
+    for c in ctrls:
+        ok, msg = dispatch_via(proxy.port, c.key, f"run_{c.key[0]}_after_{how}")
+        assert ok, f"key {c.key} not matched after losing pl{victim + 1} " \
+                   f"(it held {per[victim]} polls)"
+        check_payload(c, msg)
+    return per[victim], sum(c.repolls for c in ctrls)
+
+
+def test_killed_instance_controllers_parked_again_and_matched(cluster):
+    proxy, servers = cluster
+    moved, repolls = _lose_one(proxy, servers, "kill")
+    assert moved > 0
+    # The proxy re-sent the polls itself; no controller even saw the close.
+    assert repolls == 0
+
+
+def test_drained_instance_controllers_parked_again_and_matched(drain_cluster):
+    proxy, servers = drain_cluster
+    moved, repolls = _lose_one(proxy, servers, "term")
+    assert moved > 0
+    assert repolls == 0
