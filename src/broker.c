@@ -435,31 +435,15 @@ static void handle_metrics(pl_broker *b, pl_conn *c, const pl_request *req)
 #define DEBUG_KEYS_MAX 1000
 
 typedef struct {
-    char *buf;
-    size_t len, cap;
+    pl_buf buf;
     uint64_t now;
     int first, failed;
 } json_out;
 
 static void out_put(json_out *o, const char *s, size_t n)
 {
-    if (o->failed)
-        return;
-    if (o->len + n > o->cap) {
-        size_t cap = o->cap ? o->cap * 2 : 4096;
-        char *p;
-        while (cap < o->len + n)
-            cap *= 2;
-        p = pl_realloc(o->buf, cap);
-        if (p == NULL) {
-            o->failed = 1;
-            return;
-        }
-        o->buf = p;
-        o->cap = cap;
-    }
-    memcpy(o->buf + o->len, s, n);
-    o->len += n;
+    if (!o->failed && pl_buf_append(&o->buf, s, n) != 0)
+        o->failed = 1;
 }
 
 static void out_key(const pl_key_info *info, void *arg)
@@ -487,7 +471,7 @@ static void out_key(const pl_key_info *info, void *arg)
  * DEBUG_KEYS_MAX keys. */
 static void handle_debug_waiters(pl_broker *b, pl_conn *c, const pl_request *req)
 {
-    json_out o = {NULL, 0, 0, uv_now(b->loop), 1, 0};
+    json_out o = {{NULL, 0, 0}, uv_now(b->loop), 1, 0};
     size_t total;
     char tail[128];
     int n;
@@ -502,8 +486,8 @@ static void handle_debug_waiters(pl_broker *b, pl_conn *c, const pl_request *req
     if (o.failed)
         reply_error(c, 503, "out of memory");
     else
-        pl_conn_respond(c, 200, json_type, NULL, o.buf, o.len);
-    pl_free(o.buf);
+        pl_conn_respond(c, 200, json_type, NULL, o.buf.data, o.buf.len);
+    pl_buf_free(&o.buf);
 }
 
 typedef void (*handler)(pl_broker *b, pl_conn *c, const pl_request *req);

@@ -39,20 +39,7 @@ static int fail(pl_h1 *h, int status, const char *msg)
 
 static int arena_put(pl_h1 *h, const char *at, size_t len)
 {
-    if (h->arena_len + len > h->arena_cap) {
-        size_t cap = h->arena_cap ? h->arena_cap : 512;
-        char *p;
-        while (cap < h->arena_len + len)
-            cap *= 2;
-        p = pl_realloc(h->arena, cap);
-        if (p == NULL)
-            return fail(h, 503, "out of memory");
-        h->arena = p;
-        h->arena_cap = (uint32_t)cap;
-    }
-    memcpy(h->arena + h->arena_len, at, len);
-    h->arena_len += (uint32_t)len;
-    return 0;
+    return pl_buf_append(&h->arena, at, len) == 0 ? 0 : fail(h, 503, "out of memory");
 }
 
 static int count_head(pl_h1 *h, size_t len)
@@ -69,7 +56,7 @@ static int on_message_begin(llhttp_t *p)
 
     h->in_msg = 1;
     h->head = 0;
-    h->arena_len = h->url_off = h->url_len = h->body_off = h->body_len = 0;
+    h->arena.len = h->url_off = h->url_len = h->body_off = h->body_len = 0;
     h->seen = h->head_bytes = h->nheaders = 0;
     h->cur_hdr = H_OTHER;
     h->hname_len = 0;
@@ -122,7 +109,7 @@ static int on_header_field_complete(llhttp_t *p)
             if (id == PL_HDR_TRANSFER_ENCODING && (h->seen & (1u << id))) {
                 /* a list may span lines: keep one value, comma-joined (so
                  * the lines must be adjacent among the headers we keep) */
-                if (h->hdr_off[id] + h->hdr_len[id] != h->arena_len)
+                if (h->hdr_off[id] + h->hdr_len[id] != h->arena.len)
                     return fail(h, 501, "unsupported transfer coding");
                 h->cur_hdr = id;
                 h->hname_len = 0;
@@ -133,7 +120,7 @@ static int on_header_field_complete(llhttp_t *p)
                 return fail(h, 400, "duplicate header");
             h->seen |= 1u << id;
             h->cur_hdr = id;
-            h->hdr_off[id] = h->arena_len;
+            h->hdr_off[id] = h->arena.len;
             h->hdr_len[id] = 0;
             break;
         }
@@ -160,7 +147,7 @@ static int on_header_value_complete(llhttp_t *p)
 
     if (h->cur_hdr != H_OTHER) {
         uint32_t *len = &h->hdr_len[h->cur_hdr];
-        const char *v = h->arena + h->hdr_off[h->cur_hdr];
+        const char *v = h->arena.data + h->hdr_off[h->cur_hdr];
         while (*len > 0 && (v[*len - 1] == ' ' || v[*len - 1] == '\t'))
             (*len)--;
     }
@@ -173,7 +160,7 @@ static int on_header_value_complete(llhttp_t *p)
  * only one we implement (else 501). Returns 0 or that status. */
 static int check_codings(const pl_h1 *h)
 {
-    const char *v = h->arena + h->hdr_off[PL_HDR_TRANSFER_ENCODING];
+    const char *v = h->arena.data + h->hdr_off[PL_HDR_TRANSFER_ENCODING];
     size_t len = h->hdr_len[PL_HDR_TRANSFER_ENCODING], i = 0;
     int other = 0, last_chunked = 0;
 
@@ -198,7 +185,7 @@ static int check_codings(const pl_h1 *h)
 /* A Host value: reg-name or IP literal, optional port; no lists, no spaces. */
 static int host_valid(const pl_h1 *h)
 {
-    const char *v = h->arena + h->hdr_off[PL_HDR_HOST];
+    const char *v = h->arena.data + h->hdr_off[PL_HDR_HOST];
 
     for (uint32_t i = 0; i < h->hdr_len[PL_HDR_HOST]; i++)
         if (strchr(" \t,/?#@\\\"<>{}|^`", v[i]) != NULL || (unsigned char)v[i] < 0x21 ||
@@ -228,11 +215,11 @@ static int on_headers_complete(llhttp_t *p)
         return fail(h, 413, "request body too large");
     if (h->seen & (1u << PL_HDR_EXPECT)) {
         if (h->hdr_len[PL_HDR_EXPECT] != 12 ||
-            strncasecmp(h->arena + h->hdr_off[PL_HDR_EXPECT], "100-continue", 12) != 0)
+            strncasecmp(h->arena.data + h->hdr_off[PL_HDR_EXPECT], "100-continue", 12) != 0)
             return fail(h, 417, "unsupported Expect header");
         cont = body;
     }
-    h->body_off = h->arena_len;
+    h->body_off = h->arena.len;
     if (h->events && h->events->headers && h->events->headers(h->owner, cont) != 0)
         return fail(h, 0, NULL);
     return 0;
@@ -330,7 +317,7 @@ void pl_h1_request(const pl_h1 *h, pl_request *req)
 
     memset(req, 0, sizeof(*req));
     req->method = h->parser.method;
-    req->path = h->arena + h->url_off;
+    req->path = h->arena.data + h->url_off;
     req->path_len = h->url_len;
     if (req->path_len > 0 && req->path[0] != '/') {
         /* absolute-form (RFC 9112 3.2.2): skip scheme and authority */
@@ -346,17 +333,15 @@ void pl_h1_request(const pl_h1 *h, pl_request *req)
         req->path_len = (size_t)(q - req->path);
     for (int i = 0; i < PL_HDR__COUNT; i++) {
         if (h->seen & (1u << i)) {
-            req->header[i] = h->arena + h->hdr_off[i];
+            req->header[i] = h->arena.data + h->hdr_off[i];
             req->header_len[i] = h->hdr_len[i];
         }
     }
-    req->body = h->arena + h->body_off;
+    req->body = h->arena.data + h->body_off;
     req->body_len = h->body_len;
 }
 
 void pl_h1_release(pl_h1 *h)
 {
-    pl_free(h->arena);
-    h->arena = NULL;
-    h->arena_len = h->arena_cap = 0;
+    pl_buf_free(&h->arena);
 }

@@ -38,8 +38,7 @@ struct pl_conn {
     void *data;                /* the application's (a parked waiter) */
     pl_conn *lprev, *lnext;    /* in http->lists[list] */
     uint64_t since;            /* when it entered that list */
-    char *in;                  /* bytes received but not yet parsed */
-    uint32_t in_len, in_cap;
+    pl_buf in;                 /* bytes received but not yet parsed */
     uint8_t list, tag, data_kind;
     unsigned pending : 1;      /* request handed over, not yet answered */
     unsigned in_parse : 1;     /* inside conn_execute() */
@@ -306,7 +305,7 @@ int pl_conn_respond(pl_conn *c, int status, const char *content_type,
         h->cb.on_response(h->app, c->tag, status);
     if (!keep)
         conn_finish(c);
-    else if (c->in_len > 0 && !c->in_parse)
+    else if (c->in.len > 0 && !c->in_parse)
         list_add(c, TL_RESUME);
     else
         list_add(c, TL_IDLE);
@@ -359,7 +358,7 @@ static void conn_dispatch(pl_conn *c)
     h->cb.on_request(h->app, c, &req);
     /* A parked poll keeps no request bytes; nor does an idle connection
      * after one large body. */
-    if (c->pending || c->h1.arena_cap > ARENA_KEEP_MAX)
+    if (c->pending || c->h1.arena.cap > ARENA_KEEP_MAX)
         pl_h1_release(&c->h1);
 }
 
@@ -389,39 +388,18 @@ static size_t conn_execute(pl_conn *c, const char *data, size_t len)
     return off;
 }
 
-static int in_append(pl_conn *c, const char *data, size_t len)
-{
-    if (c->in_len + len > c->in_cap) {
-        size_t cap = c->in_cap ? c->in_cap : 1024;
-        char *p;
-        while (cap < c->in_len + len)
-            cap *= 2;
-        p = pl_realloc(c->in, cap);
-        if (p == NULL)
-            return -1;
-        c->in = p;
-        c->in_cap = (uint32_t)cap;
-    }
-    memcpy(c->in + c->in_len, data, len);
-    c->in_len += (uint32_t)len;
-    return 0;
-}
-
 static void in_consume(pl_conn *c, size_t used)
 {
-    c->in_len -= (uint32_t)used;
-    if (c->in_len == 0) {
-        pl_free(c->in);
-        c->in = NULL;
-        c->in_cap = 0;
-    } else {
-        memmove(c->in, c->in + used, c->in_len);
-    }
+    c->in.len -= (uint32_t)used;
+    if (c->in.len == 0)
+        pl_buf_free(&c->in);
+    else
+        memmove(c->in.data, c->in.data + used, c->in.len);
 }
 
 static void conn_process_buffered(pl_conn *c)
 {
-    size_t used = conn_execute(c, c->in, c->in_len);
+    size_t used = conn_execute(c, c->in.data, c->in.len);
 
     if (!c->closing)
         in_consume(c, used);
@@ -459,10 +437,10 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     }
     if (nread == 0 || c->finishing || c->closing)
         return; /* lingering: drop what arrives */
-    if (c->pending || c->in_len > 0) {
+    if (c->pending || c->in.len > 0) {
         /* Pipelined behind an unanswered request: keep it, bounded. */
-        if ((c->pending && c->in_len + (size_t)nread > c->http->limits.max_header_bytes) ||
-            in_append(c, buf->base, (size_t)nread) != 0) {
+        if ((c->pending && c->in.len + (size_t)nread > c->http->limits.max_header_bytes) ||
+            pl_buf_append(&c->in, buf->base, (size_t)nread) != 0) {
             conn_close(c);
             return;
         }
@@ -472,7 +450,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     }
     used = conn_execute(c, buf->base, (size_t)nread);
     if (used < (size_t)nread && !c->closing && !c->finishing &&
-        in_append(c, buf->base + used, (size_t)nread - used) != 0)
+        pl_buf_append(&c->in, buf->base + used, (size_t)nread - used) != 0)
         conn_close(c);
 }
 
@@ -483,7 +461,7 @@ static void on_closed(uv_handle_t *handle)
     pl_conn *c = container_of(handle, pl_conn, tcp);
     pl_http *h = c->http;
 
-    pl_free(c->in);
+    pl_buf_free(&c->in);
     pl_h1_release(&c->h1);
     pl_free(c);
     h->nconns--;

@@ -9,6 +9,8 @@
 
 #include <llhttp.h>
 
+#include "pilotlight/mem.h"
+
 /* Request headers the application reads; all others are skipped unread. */
 typedef enum {
     PL_HDR_CONTROLLER_ID = 0, /* x-trigger-workload-controller-id */
@@ -52,8 +54,7 @@ typedef struct {
     const pl_h1_limits *limits;
     const pl_h1_events *events;
     void *owner;
-    char *arena; /* this request's url, wanted header values, body */
-    uint32_t arena_len, arena_cap;
+    pl_buf arena; /* this request's url, wanted header values, body */
     uint32_t url_off, url_len, body_off, body_len;
     uint32_t hdr_off[PL_HDR__COUNT], hdr_len[PL_HDR__COUNT];
     uint32_t seen;       /* bit per pl_header */

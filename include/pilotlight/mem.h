@@ -6,6 +6,7 @@
 #define PILOTLIGHT_MEM_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* Like malloc/realloc/free. Return NULL on failure (or injected failure). */
 void *pl_malloc(size_t size);
@@ -15,5 +16,18 @@ void pl_free(void *ptr);
 /* Test hook: make the <n>th allocation from now on fail (1 = the next one),
  * and every one after it while <sticky> is non-zero. n = 0 disables. */
 void pl_mem_fail_after(unsigned long n, int sticky);
+
+/* A growable byte buffer; all zero is an empty one. */
+typedef struct {
+    char *data;
+    uint32_t len, cap;
+} pl_buf;
+
+/* Appends <n> bytes of <data>, growing by doubling. Returns 0, or -1 when
+ * out of memory (then <b> is unchanged). */
+int pl_buf_append(pl_buf *b, const void *data, size_t n);
+
+/* Frees the bytes; <b> is empty again. */
+void pl_buf_free(pl_buf *b);
 
 #endif
