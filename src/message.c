@@ -13,18 +13,28 @@ void pl_message_init(void)
     cJSON_InitHooks(&hooks);
 }
 
+/* cJSON skips every byte up to 0x20 as whitespace: so must we, or the bytes
+ * we hand over would differ from what it validated. */
+static int is_ws(char c)
+{
+    return (unsigned char)c <= 0x20;
+}
+
 static const char *skip_ws(const char *p, const char *end)
 {
-    while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r'))
+    while (p < end && is_ws(*p))
         p++;
     return p;
 }
 
 /* <p> is at an opening quote of a string in valid JSON; returns the byte
- * after its closing quote and sets *escaped if it held a backslash. */
+ * after its closing quote and sets *escaped if it held a backslash or a raw
+ * NUL (where cJSON would end a member name early). */
 static const char *skip_string(const char *p, const char *end, int *escaped)
 {
     for (p++; p < end && *p != '"'; p++) {
+        if (*p == '\0')
+            *escaped = 1;
         if (*p == '\\') {
             *escaped = 1;
             p++;
@@ -38,6 +48,13 @@ static const char *skip_value(const char *p, const char *end)
 {
     int depth = 0, escaped = 0;
 
+    if (*p == '"')
+        return skip_string(p, end, &escaped);
+    if (*p != '{' && *p != '[') { /* a number or a literal */
+        while (p < end && *p != ',' && *p != '}' && *p != ']' && !is_ws(*p))
+            p++;
+        return p;
+    }
     do {
         if (*p == '"') {
             p = skip_string(p, end, &escaped);
@@ -47,14 +64,8 @@ static const char *skip_value(const char *p, const char *end)
             depth++;
         else if (*p == '}' || *p == ']')
             depth--;
-        else if (depth == 0 && (*p == ',' || *p == ' ' || *p == '\t' ||
-                                *p == '\n' || *p == '\r'))
-            return p; /* end of a bare number or literal */
         p++;
     } while (p < end && depth > 0);
-    while (depth == 0 && p < end && *p != ',' && *p != '}' && *p != ' ' &&
-           *p != '\t' && *p != '\n' && *p != '\r')
-        p++; /* rest of a bare number or literal */
     return p;
 }
 

@@ -86,5 +86,18 @@ PL_VALGRIND_BIN="$root/build/pilotlight" PL_VALGRIND_LOGS="$out/valgrind" \
     --ignore=tests/blackbox/test_loadtest_smoke.py
 find "$out/valgrind" -name 'vg.*.log' -size +0 -exec sh -c 'echo "== $1"; head -40 "$1"' _ {} \;
 
+# libFuzzer: replay every committed corpus, then fuzz each target briefly
+# (tests/fuzz/run.sh SECONDS fuzzes for longer).
+tests/fuzz/run.sh "${PL_FUZZ_SECONDS:-5}" >"$out/fuzz.log" 2>&1
+line=$(grep -E '^fuzz: [0-9]+ passed, [0-9]+ failed' "$out/fuzz.log" | tail -1)
+if [ -n "$line" ]; then
+    set -- $line
+    echo "$line"
+    add "$2" "$4"
+    [ "$4" -gt 0 ] && tail -40 "$out/fuzz.log"
+else
+    echo "fuzz: did not run"; tail -40 "$out/fuzz.log"; add 0 1
+fi
+
 echo "$passed passed, $failed failed, $skipped skipped"
 [ "$failed" -eq 0 ]
