@@ -86,6 +86,15 @@ PL_VALGRIND_BIN="$root/build/pilotlight" PL_VALGRIND_LOGS="$out/valgrind" \
     --ignore=tests/blackbox/test_loadtest_smoke.py
 find "$out/valgrind" -name 'vg.*.log' -size +0 -exec sh -c 'echo "== $1"; head -40 "$1"' _ {} \;
 
+# A short soak (loadtest/soak runs the long one): churn, then a full house;
+# fails on a broken ledger, a poll left behind, or RSS creeping up.
+if loadtest/soak --short "$root/build" >"$out/soak.log" 2>&1; then
+    echo "soak (short): 1 passed, 0 failed"; add 1 0
+else
+    echo "soak (short): 0 passed, 1 failed"; tail -20 "$out/soak.log"; add 0 1
+fi
+grep '^soak:' "$out/soak.log"
+
 # libFuzzer: replay every committed corpus, then fuzz each target briefly
 # (tests/fuzz/run.sh SECONDS fuzzes for longer).
 tests/fuzz/run.sh "${PL_FUZZ_SECONDS:-5}" >"$out/fuzz.log" 2>&1
