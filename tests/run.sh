@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# run.sh -- the whole test suite, as CI runs it: installs what is missing,
-# builds pilotlight twice (plain, and with AddressSanitizer + UBSan), runs the
-# unit tests and the black-box suite against each build, and ends with one
-# line of totals: "N passed, N failed[, N skipped]".
+# run.sh -- the whole test suite, as CI runs it: installs what is missing;
+# builds pilotlight plain and with AddressSanitizer + UBSan; runs the unit
+# tests and the black-box suite against each build, the black-box suite once
+# more under valgrind, a short soak, and the libFuzzer targets (their own
+# clang build); ends with one line of totals: "N passed, N failed, N skipped".
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
