@@ -31,6 +31,7 @@ typedef struct {
   int spin;             /* rate pacing by busy polling (1) or a 1 ms timer (0) */
   int keys;
   long parked;          /* idle */
+  long idle_warmup;     /* idle: polls parked and dropped before the baseline */
   long cycles;          /* churn */
   long churn_warmup;
   int concurrency;      /* churn */
@@ -57,7 +58,6 @@ enum { LG_IDLE = 0, LG_CONNECTING, LG_OPEN, LG_CLOSING };
 
 struct lg_conn {
   uv_tcp_t tcp;
-  uv_write_t wreq;
   llhttp_t parser;
   int state;
   int busy;             /* a request is outstanding */
@@ -66,8 +66,6 @@ struct lg_conn {
   int status;
   char *body;           /* response body being collected (owned) */
   size_t body_len, body_cap;
-  char *wbuf;           /* bytes of the request being written (owned) */
-  size_t wcap;
   char *fixed;          /* a request prepared once (owned, may be NULL) */
   size_t fixed_len;
   char etag[48];        /* nchan long-poll position */
@@ -89,7 +87,8 @@ struct lg_conn {
 void lg_conn_setup(uv_loop_t *loop, const char *host, int port, int source_addrs);
 /* Starts connecting <c> (state must be IDLE). Returns 0 or a negative errno. */
 int lg_conn_connect(lg_conn_t *c, long which);
-/* Writes <len> bytes from <buf> (copied). Returns 0 or a negative errno. */
+/* Writes <len> bytes from <buf> (the caller may reuse <buf> at once).
+ * Returns 0 or a negative errno (the connection is then closing). */
 int lg_conn_send(lg_conn_t *c, const char *buf, size_t len);
 /* Writes the request prepared in c->fixed without copying it. */
 int lg_conn_send_fixed(lg_conn_t *c);
@@ -117,7 +116,7 @@ size_t lg_req_dispatch(const lg_opts_t *o, char *buf, size_t cap, long k, char p
                        uint64_t seq);
 /* Writes a plain GET for <path> into <buf>. */
 size_t lg_req_get(const lg_opts_t *o, char *buf, size_t cap, const char *path);
-/* Writes an nchan long-poll for key <k> with the position of <c>. */
+/* Writes an nchan long-poll for key <k> (<c> is the connection it goes on). */
 size_t lg_req_nchan_poll(const lg_opts_t *o, char *buf, size_t cap, long k,
                          const lg_conn_t *c);
 /* Finds "run_lg<digits>" in a delivered payload. Returns 0 and the run id, or -1. */

@@ -132,14 +132,13 @@ size_t lg_req_get(const lg_opts_t *o, char *buf, size_t cap, const char *path)
 size_t lg_req_nchan_poll(const lg_opts_t *o, char *buf, size_t cap, long k, const lg_conn_t *c)
 {
   char host[64], ch[128];
+  (void)c;
   host_header(o, host, sizeof(host));
   channel_id(k, 'd', ch, sizeof(ch));
-  if (c->etag[0] == '\0' || c->lastmod[0] == '\0')
-    return (size_t)snprintf(buf, cap, "GET /sub/%s HTTP/1.1\r\n%saccept: */*\r\n\r\n", ch, host);
-  return (size_t)snprintf(buf, cap,
-                          "GET /sub/%s HTTP/1.1\r\n%saccept: */*\r\nIf-None-Match: %s\r\n"
-                          "If-Modified-Since: %s\r\n\r\n",
-                          ch, host, c->etag, c->lastmod);
+  /* No If-None-Match: with nchan_subscriber_first_message newest each poll
+   * waits for the next message, as a warm-start poll does; sending the last
+   * Etag would replay what was published while nobody listened. */
+  return (size_t)snprintf(buf, cap, "GET /sub/%s HTTP/1.1\r\n%saccept: */*\r\n\r\n", ch, host);
 }
 
 int lg_find_run(const char *body, size_t len, uint64_t *seq)

@@ -148,10 +148,9 @@ void lg_conn_reset(lg_conn_t *c)
 void lg_conn_release(lg_conn_t *c)
 {
   free(c->body);
-  free(c->wbuf);
   free(c->fixed);
-  c->body = c->wbuf = c->fixed = NULL;
-  c->body_cap = c->wcap = 0;
+  c->body = c->fixed = NULL;
+  c->body_cap = 0;
 }
 
 static void alloc_cb(uv_handle_t *h, size_t sz, uv_buf_t *buf)
@@ -251,26 +250,55 @@ int lg_conn_connect(lg_conn_t *c, long which)
   return r;
 }
 
+/* A queued write owns a copy of the bytes the kernel did not take at once. */
+typedef struct {
+  uv_write_t req;
+  lg_conn_t *conn;
+  char data[];
+} lg_write_t;
+
 static void write_cb(uv_write_t *req, int status)
 {
-  lg_conn_t *c = req->data;
+  lg_write_t *w = (lg_write_t *)req;
+  lg_conn_t *c = w->conn;
+  free(w);
   if (status != 0 && status != UV_ECANCELED) {
     lg_conn_errors++;
     lg_conn_close(c);
   }
-  if (c->on_write != NULL)
+  if (c->on_write != NULL && status != UV_ECANCELED)
     c->on_write(c, status);
 }
 
-static int send_buf(lg_conn_t *c, char *base, size_t len)
+/* Writes at once when the socket takes it all (the usual case: no request
+ * object, no callback round); queues a copy of the rest otherwise. A reply
+ * may arrive before a queued write's callback, so nothing per-connection is
+ * reused between writes. */
+static int send_buf(lg_conn_t *c, const char *base, size_t len)
 {
   if (c->state != LG_OPEN)
     return UV_ENOTCONN;
-  uv_buf_t b = uv_buf_init(base, (unsigned)len);
   c->busy = 1;
-  c->wreq.data = c;
-  int r = uv_write(&c->wreq, (uv_stream_t *)&c->tcp, &b, 1, write_cb);
+  uv_buf_t b = uv_buf_init((char *)base, (unsigned)len);
+  int r = uv_try_write((uv_stream_t *)&c->tcp, &b, 1);
+  if (r == (int)len) {
+    if (c->on_write != NULL)
+      c->on_write(c, 0);
+    return 0;
+  }
+  if (r < 0 && r != UV_EAGAIN) {
+    lg_conn_errors++;
+    lg_conn_close(c);
+    return r;
+  }
+  size_t done = r > 0 ? (size_t)r : 0;
+  lg_write_t *w = xrealloc(NULL, sizeof(*w) + len - done);
+  w->conn = c;
+  memcpy(w->data, base + done, len - done);
+  b = uv_buf_init(w->data, (unsigned)(len - done));
+  r = uv_write(&w->req, (uv_stream_t *)&c->tcp, &b, 1, write_cb);
   if (r != 0) {
+    free(w);
     lg_conn_errors++;
     lg_conn_close(c);
   }
@@ -279,12 +307,7 @@ static int send_buf(lg_conn_t *c, char *base, size_t len)
 
 int lg_conn_send(lg_conn_t *c, const char *buf, size_t len)
 {
-  if (len > c->wcap) {
-    c->wcap = len;
-    c->wbuf = xrealloc(c->wbuf, len);
-  }
-  memcpy(c->wbuf, buf, len);
-  return send_buf(c, c->wbuf, len);
+  return send_buf(c, buf, len);
 }
 
 int lg_conn_send_fixed(lg_conn_t *c)

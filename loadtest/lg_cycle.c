@@ -154,7 +154,8 @@ static void pace(void)
   if (!dispatching || cfg.rate <= 0)
     return;
   uint64_t now = lg_now();
-  uint64_t due = (uint64_t)((double)(now - rate_start) * cfg.rate / 1e9);
+  /* Dispatch k is due at rate_start + k / rate: by now, all k <= elapsed * rate. */
+  uint64_t due = (uint64_t)((double)(now - rate_start) * cfg.rate / 1e9) + 1;
   while (rate_issued < due && free_disp != NULL) {
     lg_conn_t *d = free_disp;
     free_disp = d->next;
@@ -359,7 +360,6 @@ static void run_cycle(const lg_opts_t *o, const cyc_cfg_t *c, cyc_res_t *res)
   lg_run_for(cfg.duration_s, pacer);
   uint64_t t1 = lg_now();
   int64_t cpu1 = lg_proc_cpu_ns(o->server_pid), self1 = lg_self_cpu_ns();
-  uint64_t end_seq = next_seq;
   measuring = 0;
   dispatching = 0;
   uv_timer_stop(&pace_timer);
@@ -367,7 +367,6 @@ static void run_cycle(const lg_opts_t *o, const cyc_cfg_t *c, cyc_res_t *res)
   /* Let payloads already matched reach their controllers. */
   lg_run_for(0.3, NULL);
   res->rss_kb = lg_proc_rss_kb(o->server_pid);
-  (void)end_seq;
   R.secs = (double)(t1 - t0) / 1e9;
   R.conn_errors = lg_conn_errors - conn_err0;
   teardown();

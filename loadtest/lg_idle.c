@@ -60,9 +60,11 @@ static void idle_closed(lg_conn_t *c)
     dropped++;
 }
 
+static long conn_limit; /* how many of conns[] this pass opens */
+
 static void idle_connect_more(void)
 {
-  while (connecting < 512 && next_connect < n_conns) {
+  while (connecting < 512 && next_connect < conn_limit) {
     lg_conn_t *c = &conns[next_connect];
     if (lg_conn_connect(c, next_connect) == 0)
       connecting++;
@@ -97,7 +99,7 @@ int lg_scenario_idle(const lg_opts_t *o)
   int keys = keys_for(n_conns);
   connected = connecting = next_connect = 0;
   early_responses = dropped = closing_all = 0;
-  int srcs = o->source_addrs ? o->source_addrs : (int)(n_conns / 25000 + 1);
+  int srcs = o->source_addrs > (int)(n_conns / 25000 + 1) ? o->source_addrs : (int)(n_conns / 25000 + 1);
   lg_conn_setup(lg_loop, o->host, o->port, srcs);
   if (!o->json_only)
     printf("== idle (%s)\n", o->label);
@@ -114,8 +116,26 @@ int lg_scenario_idle(const lg_opts_t *o)
       conns[i].fixed = lg_req_poll(o, 2000000 + i, conns[i].key, &conns[i].fixed_len);
   }
   long err0 = lg_conn_errors;
+  /* Warm-up pass: a few polls parked and dropped, so code paths, JITs and
+   * allocators have run once before the baseline is read. */
+  long warm = o->idle_warmup < n_conns ? o->idle_warmup : n_conns;
+  if (warm > 0) {
+    conn_limit = warm;
+    idle_connect_more();
+    lg_run_until(&connected, warm, 60);
+    settle(warm);
+    closing_all = 1;
+    for (long i = 0; i < warm; i++)
+      lg_conn_close(&conns[i]);
+    lg_run_until(&lg_conn_open, 0, 30);
+    lg_run_for(1.0, NULL);
+    settle(0);
+    connected = connecting = next_connect = 0;
+    closing_all = 0;
+  }
   long rss0 = lg_proc_rss_kb(o->server_pid);
   uint64_t t0 = lg_now();
+  conn_limit = n_conns;
   idle_connect_more();
   lg_run_until(&connected, n_conns, 120);
   double parked = settle(n_conns);
@@ -144,6 +164,7 @@ int lg_scenario_idle(const lg_opts_t *o)
   double per_poll = n_conns ? (double)(rss1 - rss0) * 1024.0 / (double)n_conns : 0;
   lg_row(o, "parked polls", "%ld requested, %ld held open, %d keys, %d source addrs, %.2f s",
          n_conns, held, keys, srcs, connect_s);
+  lg_row(o, "warm-up", "%ld polls parked and closed before the baseline", warm);
   if (parked >= 0)
     lg_row(o, "server parked_now", "%.0f while held, %.0f after close", parked, after_parked);
   lg_row(o, "server RSS KiB", "before %ld, with %ld, 2 s after close %ld", rss0, rss1, rss2);
@@ -152,12 +173,12 @@ int lg_scenario_idle(const lg_opts_t *o)
          dropped, errors);
   lg_row(o, "still answering", "GET %s -> %d", o->probe_path, probe);
   printf("{\"scenario\":\"idle\",\"label\":\"%s\",\"proto\":\"%s\",\"parked\":%ld,\"held\":%ld,"
-         "\"keys\":%d,\"source_addrs\":%d,\"connect_s\":%.3f,\"server_parked_now\":%.0f,"
+         "\"keys\":%d,\"warmup\":%ld,\"source_addrs\":%d,\"connect_s\":%.3f,\"server_parked_now\":%.0f,"
          "\"rss_before_kb\":%ld,\"rss_with_kb\":%ld,\"rss_after_kb\":%ld,"
          "\"bytes_per_parked\":%.1f,\"early_responses\":%ld,\"dropped\":%ld,"
          "\"connection_errors\":%ld,\"probe_status\":%d,\"parked_after_close\":%.0f}\n",
          o->label, o->proto == LG_PROTO_NCHAN ? "nchan" : "warm-start", n_conns, held, keys,
-         srcs, connect_s, parked, rss0, rss1, rss2, per_poll, early_responses, dropped, errors,
+         warm, srcs, connect_s, parked, rss0, rss1, rss2, per_poll, early_responses, dropped, errors,
          probe, after_parked);
   fflush(stdout);
   return 0;
@@ -205,12 +226,38 @@ static void churn_resp(lg_conn_t *c, int status, const char *body, size_t len)
   early_responses++;
 }
 
+/* With --rate, finished slots wait here for the pacer. */
+static lg_conn_t *churn_free;
+static uint64_t churn_t0;
+static double churn_rate;
+static uv_timer_t churn_timer;
+
 static void churn_closed(lg_conn_t *c)
 {
   churn_done++;
   churn_inflight--;
-  if (churn_started < churn_target)
+  if (churn_started >= churn_target)
+    return;
+  if (churn_rate > 0) {
+    c->next = churn_free;
+    churn_free = c;
+  } else {
     churn_start(c);
+  }
+}
+
+/* Starts the cycles due by now: cycle k is due at churn_t0 + k / rate. A
+ * server that keeps up then never has more than a few aborted connections
+ * queued, so its peak memory does not depend on how far it fell behind. */
+static void churn_pace(uv_timer_t *t)
+{
+  (void)t;
+  double due = (double)(lg_now() - churn_t0) * churn_rate / 1e9 + 1;
+  while (churn_free != NULL && (double)churn_started < due && churn_started < churn_target) {
+    lg_conn_t *c = churn_free;
+    churn_free = c->next;
+    churn_start(c);
+  }
 }
 
 static void churn_start(lg_conn_t *c)
@@ -241,9 +288,26 @@ static void churn_run(long cycles, long base)
   churn_id_base = base;
   churn_target = cycles;
   churn_started = churn_done = churn_inflight = 0;
-  for (int i = 0; i < p && churn_started < churn_target; i++)
-    churn_start(&conns[i]);
+  churn_rate = opts->rate;
+  churn_free = NULL;
+  churn_t0 = lg_now();
+  if (churn_rate > 0) {
+    for (int i = 0; i < p; i++) {
+      conns[i].next = churn_free;
+      churn_free = &conns[i];
+    }
+    uv_timer_init(lg_loop, &churn_timer);
+    uv_timer_start(&churn_timer, churn_pace, 1, 1);
+  } else {
+    for (int i = 0; i < p && churn_started < churn_target; i++)
+      churn_start(&conns[i]);
+  }
   lg_run_until(&churn_done, cycles, 3600);
+  if (churn_rate > 0) {
+    uv_timer_stop(&churn_timer);
+    uv_close((uv_handle_t *)&churn_timer, NULL);
+    uv_run(lg_loop, UV_RUN_NOWAIT);
+  }
 }
 
 int lg_scenario_churn(const lg_opts_t *o)
@@ -251,7 +315,7 @@ int lg_scenario_churn(const lg_opts_t *o)
   opts = o;
   int p = o->concurrency;
   early_responses = 0;
-  int srcs = o->source_addrs ? o->source_addrs : 8;
+  int srcs = o->source_addrs > 8 ? o->source_addrs : 8;
   lg_conn_setup(lg_loop, o->host, o->port, srcs);
   if (!o->json_only)
     printf("== churn (%s)\n", o->label);
@@ -297,6 +361,8 @@ int lg_scenario_churn(const lg_opts_t *o)
   double cpu_us = cpu0 >= 0 ? (double)(cpu1 - cpu0) / 1000.0 / (double)o->cycles : -1;
   lg_row(o, "cycles", "%ld (+%ld warm-up) in %.2f s = %.0f/s, concurrency %d, %d source addrs",
          o->cycles, o->churn_warmup, secs, (double)o->cycles / secs, p, srcs);
+  if (o->rate > 0)
+    lg_row(o, "offered rate", "%.0f/s", o->rate);
   lg_row(o, "server RSS KiB", "start %ld, warmed %ld, peak %ld, end %ld", rss_start, rss_base,
          rss_peak, rss_end);
   lg_row(o, "RSS growth", "%+ld KiB (%+.2f%% of warmed baseline), %+ld KiB from start",
@@ -314,15 +380,15 @@ int lg_scenario_churn(const lg_opts_t *o)
     lg_row(o, "disconnects settled", "%.0f of %ld cycles", disc, o->cycles);
   }
   printf("{\"scenario\":\"churn\",\"label\":\"%s\",\"proto\":\"%s\",\"cycles\":%ld,"
-         "\"warmup_cycles\":%ld,\"secs\":%.3f,\"cycles_per_s\":%.1f,\"concurrency\":%d,"
+         "\"warmup_cycles\":%ld,\"rate\":%.0f,\"secs\":%.3f,\"cycles_per_s\":%.1f,\"concurrency\":%d,"
          "\"rss_start_kb\":%ld,\"rss_base_kb\":%ld,\"rss_peak_kb\":%ld,\"rss_end_kb\":%ld,"
-         "\"rss_growth_kb\":%ld,\"rss_growth_pct\":%.3f,\"server_cpu_us_per_cycle\":%.3f,"
+         "\"rss_growth_kb\":%ld,\"rss_growth_pct\":%.3f,\"rss_growth_from_start_kb\":%ld,\"server_cpu_us_per_cycle\":%.3f,"
          "\"early_responses\":%ld,\"connection_errors\":%ld,\"ledger_ok\":%d,"
          "\"parked_now\":%.0f,\"parked_total\":%.0f,\"settled_sum\":%.0f,"
          "\"disconnects\":%.0f}\n",
          o->label, o->proto == LG_PROTO_NCHAN ? "nchan" : "warm-start", o->cycles,
-         o->churn_warmup, secs, (double)o->cycles / secs, p, rss_start, rss_base, rss_peak,
-         rss_end, rss_end - rss_base, growth_pct, cpu_us, early_responses, errors, ledger_ok,
+         o->churn_warmup, o->rate, secs, (double)o->cycles / secs, p, rss_start, rss_base, rss_peak,
+         rss_end, rss_end - rss_base, growth_pct, rss_end - rss_start, cpu_us, early_responses, errors, ledger_ok,
          have1 ? l1.parked_now : -1, have1 ? l1.parked_total : -1, have1 ? l1.settled_sum : -1,
          disc);
   fflush(stdout);

@@ -128,11 +128,47 @@ void lg_row(const lg_opts_t *o, const char *name, const char *fmt, ...)
   printf("\n");
 }
 
+/* jitter: how long this CPU goes missing. A loop that only reads the clock
+ * for --duration seconds records every gap between two readings; on a quiet
+ * bare-metal core gaps stay in microseconds, on a virtual CPU the host's
+ * preemptions show up here and set a floor under any latency tail. */
+static int scenario_jitter(const lg_opts_t *o)
+{
+  static const uint64_t edges[] = {10000, 100000, 1000000, 5000000};
+  long counts[4] = {0, 0, 0, 0};
+  uint64_t start = lg_now(), prev = start, now, max = 0, lost = 0;
+  uint64_t end = start + (uint64_t)(o->duration_s * 1e9);
+  while ((now = lg_now()) < end) {
+    uint64_t d = now - prev;
+    prev = now;
+    if (d > max)
+      max = d;
+    if (d > edges[1])
+      lost += d;
+    for (int i = 0; i < 4; i++)
+      counts[i] += d > edges[i];
+  }
+  double secs = (double)(now - start) / 1e9;
+  if (!o->json_only)
+    printf("== jitter (%s)\n", o->label);
+  lg_row(o, "gaps per second", ">10us %.1f, >100us %.1f, >1ms %.1f, >5ms %.1f",
+         counts[0] / secs, counts[1] / secs, counts[2] / secs, counts[3] / secs);
+  lg_row(o, "longest gap", "%.3f ms; %.3f%% of the time in gaps >100us", (double)max / 1e6,
+         (double)lost / 1e7 / secs);
+  printf("{\"scenario\":\"jitter\",\"label\":\"%s\",\"secs\":%.3f,\"gaps_10us_per_s\":%.2f,"
+         "\"gaps_100us_per_s\":%.2f,\"gaps_1ms_per_s\":%.2f,\"gaps_5ms_per_s\":%.2f,"
+         "\"max_gap_us\":%.1f,\"lost_pct\":%.4f}\n",
+         o->label, secs, counts[0] / secs, counts[1] / secs, counts[2] / secs, counts[3] / secs,
+         (double)max / 1e3, (double)lost / 1e7 / secs);
+  fflush(stdout);
+  return 0;
+}
+
 static void usage(FILE *f)
 {
   fprintf(f,
           "usage: pl-loadgen [options] SCENARIO[,SCENARIO...]\n"
-          "scenarios: cycle idle churn scale\n"
+          "scenarios: cycle idle churn scale jitter\n"
           "  --target HOST:PORT        server address (127.0.0.1:8080)\n"
           "  --proto warm-start|nchan  URL scheme (warm-start)\n"
           "  --server-pid PID          read the server's CPU and RSS from /proc\n"
@@ -142,10 +178,12 @@ static void usage(FILE *f)
           "  --warmup S                warm-up seconds before measuring (1)\n"
           "  --controllers N           cycle: parked controllers (500)\n"
           "  --dispatchers N           cycle: dispatcher connections (50)\n"
-          "  --rate R                  cycle: offered dispatches/s (0 = closed loop)\n"
+          "  --rate R                  cycle: offered dispatches/s (0 = closed loop);\n"
+          "                            churn: offered cycles/s (0 = as fast as it goes)\n"
           "  --pace spin|timer         rate pacing (spin: busy-poll for us precision)\n"
           "  --keys N                  distinct keys (deployments x presets) (30)\n"
           "  --parked N                idle: parked polls (10000)\n"
+          "  --idle-warmup N           idle: polls parked and closed before the baseline (1000)\n"
           "  --cycles N                churn: connect-park-abort cycles (200000)\n"
           "  --churn-warmup N          churn: warm-up cycles before the baseline (20000)\n"
           "  --concurrency N           churn: cycles in flight (64)\n"
@@ -153,7 +191,7 @@ static void usage(FILE *f)
           "  --scale-small N --scale-large N --scale-rate R --scale-miss-keys N\n"
           "                            scale: parked counts (1000, 18000), rate (5000),\n"
           "                            never-parked key space (100000)\n"
-          "  --source-addrs N          spread connections over 127.0.0.1..N (auto)\n"
+          "  --source-addrs N          spread connections over 127.0.0.1..N (4; churn 8)\n"
           "  --probe PATH              idle: path asked after the close (/healthz)\n"
           "  --json                    JSON lines only\n");
 }
@@ -175,7 +213,7 @@ static int parse_args(int argc, char **argv, lg_opts_t *o, char **scenarios)
 {
   enum { O_TARGET = 1000, O_PROTO, O_PID, O_LABEL, O_METRICS, O_DUR, O_WARM, O_CTL, O_DISP,
          O_RATE, O_PACE, O_KEYS, O_PARKED, O_CYCLES, O_CWARM, O_CONC, O_SSMALL, O_SLARGE,
-         O_SRATE, O_SMISS, O_SRC, O_PROBE, O_ABORT, O_JSON, O_HELP };
+         O_SRATE, O_SMISS, O_SRC, O_PROBE, O_ABORT, O_IWARM, O_JSON, O_HELP };
   static const struct option lo[] = {
       {"target", 1, 0, O_TARGET},       {"proto", 1, 0, O_PROTO},
       {"server-pid", 1, 0, O_PID},      {"label", 1, 0, O_LABEL},
@@ -188,7 +226,7 @@ static int parse_args(int argc, char **argv, lg_opts_t *o, char **scenarios)
       {"scale-small", 1, 0, O_SSMALL},  {"scale-large", 1, 0, O_SLARGE},
       {"scale-rate", 1, 0, O_SRATE},    {"scale-miss-keys", 1, 0, O_SMISS},
       {"source-addrs", 1, 0, O_SRC},    {"probe", 1, 0, O_PROBE},
-      {"abort", 1, 0, O_ABORT},
+      {"abort", 1, 0, O_ABORT},          {"idle-warmup", 1, 0, O_IWARM},
       {"json", 0, 0, O_JSON},           {"help", 0, 0, O_HELP},
       {0, 0, 0, 0}};
   int ch;
@@ -220,6 +258,7 @@ static int parse_args(int argc, char **argv, lg_opts_t *o, char **scenarios)
     case O_SMISS: o->scale_misskeys = atol(optarg); break;
     case O_SRC: o->source_addrs = atoi(optarg); break;
     case O_PROBE: o->probe_path = optarg; break;
+    case O_IWARM: o->idle_warmup = atol(optarg); break;
     case O_ABORT: o->abort_rst = strcmp(optarg, "rst") == 0; break;
     case O_JSON: o->json_only = 1; break;
     case O_HELP: usage(stdout); exit(0);
@@ -250,7 +289,7 @@ int main(int argc, char **argv)
 {
   lg_opts_t o = {
       .host = "127.0.0.1", .port = 8080, .label = "server", .duration_s = 5, .warmup_s = 1,
-      .controllers = 500, .dispatchers = 50, .spin = 1, .keys = 30, .parked = 10000,
+      .controllers = 500, .dispatchers = 50, .spin = 1, .keys = 30, .parked = 10000, .idle_warmup = 1000,
       .cycles = 200000, .churn_warmup = 20000, .concurrency = 64, .scale_small = 1000,
       .scale_large = 18000, .scale_rate = 5000, .scale_misskeys = 100000,
       .probe_path = "/healthz",
@@ -260,6 +299,10 @@ int main(int argc, char **argv)
     usage(stderr);
     return 2;
   }
+  /* Several source addresses by default: ports left in TIME_WAIT by an
+   * earlier churn run then never slow down the connects of the next run. */
+  if (o.source_addrs == 0)
+    o.source_addrs = 4;
   raise_nofile();
   g_opts = &o;
   lg_loop = uv_default_loop();
@@ -276,6 +319,8 @@ int main(int argc, char **argv)
       rc |= lg_scenario_churn(&o);
     else if (strcmp(s, "scale") == 0)
       rc |= lg_scenario_scale(&o);
+    else if (strcmp(s, "jitter") == 0)
+      rc |= scenario_jitter(&o);
     else {
       fprintf(stderr, "pl-loadgen: unknown scenario %s\n", s);
       return 2;

@@ -1,0 +1,132 @@
+"""Smoke run of pl-loadgen against the real pilotlight: every scenario for about
+a second, checking that the generator and the scenarios still work and that
+the ledger balances after churn. No timing assertions: the full comparison is
+loadtest/bench, a separate command."""
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO_ROOT
+
+LOADGEN = os.environ.get("PL_LOADGEN_BIN",
+                         str(REPO_ROOT / "build" / "loadtest" / "pl-loadgen"))
+
+
+def loadgen(server, *args, timeout=60, json_only=True):
+    """Runs pl-loadgen against <server>; returns (json records, stdout)."""
+    if not os.access(LOADGEN, os.X_OK):
+        pytest.fail(f"pl-loadgen not found at {LOADGEN} (set PL_LOADGEN_BIN)")
+    cmd = [LOADGEN, "--target", f"127.0.0.1:{server.port}",
+           "--server-pid", str(server.proc.pid), "--label", "pilotlight",
+           "--metrics"] + (["--json"] if json_only else []) + list(args)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                       stdin=subprocess.DEVNULL)
+    assert p.returncode == 0, f"{cmd} exited {p.returncode}:\n{p.stdout}\n{p.stderr}"
+    recs = [json.loads(ln) for ln in p.stdout.splitlines() if ln.startswith("{")]
+    return recs, p.stdout
+
+
+def no_errors(rec):
+    assert rec["errors"] == {"dispatch": 0, "controller": 0, "connection": 0}, rec
+
+
+def test_usage():
+    if not os.access(LOADGEN, os.X_OK):
+        pytest.fail(f"pl-loadgen not found at {LOADGEN}")
+    assert subprocess.run([LOADGEN, "--help"], capture_output=True).returncode == 0
+    bad = subprocess.run([LOADGEN, "--controllers", "0", "cycle"], capture_output=True)
+    assert bad.returncode == 2
+    unknown = subprocess.run([LOADGEN, "--target", "127.0.0.1:1", "nope"],
+                             capture_output=True)
+    assert unknown.returncode == 2
+
+
+def test_cycle_closed_loop(server):
+    recs, _ = loadgen(server, "--controllers", "60", "--dispatchers", "6",
+                      "--keys", "12", "--duration", "1", "--warmup", "0.2", "cycle")
+    (r,) = recs
+    assert r["scenario"] == "cycle" and r["rate"] == 0
+    no_errors(r)
+    assert r["dispatches"] > 0 and r["hits"] > 0
+    assert r["delivered"] > 0
+    # true means the payload reached a live controller: none may go missing.
+    assert r["lost"] == 0
+    assert r["dispatch_us"]["p50"] > 0 and r["delivery_us"]["max"] > 0
+    assert r["server_cpu_us_per_cycle"] >= 0 and r["server_rss_kb"] > 0
+    m = server.metrics()
+    assert m.parked_now == 0
+
+
+def test_cycle_fixed_rate_table(server):
+    recs, out = loadgen(server, "--controllers", "40", "--dispatchers", "4",
+                        "--rate", "400", "--pace", "timer", "--duration", "1",
+                        "--warmup", "0.2", "cycle", json_only=False)
+    (r,) = recs
+    assert "== cycle (pilotlight)" in out and "delivery latency us" in out
+    no_errors(r)
+    assert r["rate"] == 400 and r["dispatches"] > 0 and r["lost"] == 0
+
+
+def test_idle(server):
+    recs, _ = loadgen(server, "--parked", "300", "--keys", "7", "idle")
+    (r,) = recs
+    assert r["held"] == 300 and r["server_parked_now"] == 300
+    assert r["early_responses"] == 0 and r["dropped"] == 0
+    assert r["connection_errors"] == 0
+    assert r["parked_after_close"] == 0 and r["probe_status"] == 200
+    assert r["rss_with_kb"] > 0
+
+
+def test_churn_ledger(server):
+    recs, _ = loadgen(server, "--cycles", "3000", "--churn-warmup", "300",
+                      "--concurrency", "16", "churn")
+    (r,) = recs
+    assert r["ledger_ok"] == 1, r
+    assert r["parked_now"] == 0
+    assert r["parked_total"] == r["settled_sum"]
+    assert r["disconnects"] == 3000
+    assert r["early_responses"] == 0 and r["connection_errors"] == 0
+    m = server.metrics()
+    assert m.parked_now == 0
+    assert m.parked_total >= 3300
+    # The same ledger, read by the harness's own parser.
+    assert m.parked_now + sum(m.settled(o) for o in
+                                ("matched", "timeout", "disconnect", "replaced",
+                                 "shutdown", "rejected")) == m.parked_total
+
+
+def test_churn_rst_at_rate(server):
+    recs, _ = loadgen(server, "--cycles", "500", "--churn-warmup", "50",
+                      "--abort", "rst", "--rate", "2000", "churn")
+    (r,) = recs
+    assert r["ledger_ok"] == 1 and r["disconnects"] == 500
+    assert r["rate"] == 2000
+
+
+def test_scale(server):
+    recs, _ = loadgen(server, "--scale-small", "20", "--scale-large", "120",
+                      "--scale-rate", "300", "--scale-miss-keys", "1000",
+                      "--dispatchers", "4", "--duration", "0.5", "--warmup", "0.1",
+                      "scale")
+    (r,) = recs
+    for point in ("parked_small", "parked_large", "keys_one", "keys_many"):
+        assert r[point]["dispatches"] > 0, point
+        assert r[point]["errors"] == 0, point
+    assert r["parked_large"]["parked"] == 120 and r["keys_many"]["keys"] == 120
+    assert r["keys_one"]["miss_share"] == 0.5
+    assert 0 < r["keys_many"]["hit_ratio"] < 1
+    assert r["p99_ratio_parked"] > 0 and r["p99_ratio_keys"] > 0
+
+
+def test_jitter():
+    if not os.access(LOADGEN, os.X_OK):
+        pytest.fail(f"pl-loadgen not found at {LOADGEN}")
+    p = subprocess.run([LOADGEN, "--json", "--duration", "0.2", "--label", "cpu", "jitter"],
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0, p.stderr
+    (r,) = [json.loads(ln) for ln in p.stdout.splitlines() if ln.startswith("{")]
+    assert r["scenario"] == "jitter" and r["max_gap_us"] > 0
