@@ -7,9 +7,41 @@
 #include "pilotlight/mem.h"
 #include "pilotlight/message.h"
 
+/* cJSON allocates a node per value and a copy per string; a dispatch body
+ * is parsed, read and freed within one request, so those come from a bump
+ * arena instead of malloc, reset when its last allocation is freed (trees
+ * may nest: the arena just grows until all are gone). What does not fit
+ * goes to pl_malloc. */
+static struct {
+    _Alignas(16) char buf[32768];
+    size_t used, live;
+} arena;
+
+static void *json_alloc(size_t n)
+{
+    n = (n + 15) & ~(size_t)15;
+    if (n <= sizeof(arena.buf) - arena.used) {
+        void *p = arena.buf + arena.used;
+        arena.used += n;
+        arena.live++;
+        return p;
+    }
+    return pl_malloc(n);
+}
+
+static void json_free(void *p)
+{
+    if ((char *)p >= arena.buf && (char *)p < arena.buf + sizeof(arena.buf)) {
+        if (--arena.live == 0)
+            arena.used = 0;
+        return;
+    }
+    pl_free(p);
+}
+
 void pl_message_init(void)
 {
-    cJSON_Hooks hooks = {pl_malloc, pl_free};
+    cJSON_Hooks hooks = {json_alloc, json_free};
     cJSON_InitHooks(&hooks);
 }
 
@@ -193,6 +225,6 @@ int pl_message_parse(const char *body, size_t len, pl_message *m,
 void pl_message_release(pl_message *m)
 {
     cJSON_Delete(m->root);
-    pl_free(m->owned);
+    cJSON_free(m->owned);
     memset(m, 0, sizeof(*m));
 }
