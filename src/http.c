@@ -75,7 +75,6 @@ typedef struct {
 } write_req;
 
 static void conn_close(pl_conn *c);
-void pl_conn_abort(pl_conn *c);
 static void conn_process_buffered(pl_conn *c);
 static void timer_arm(pl_http *h, uint64_t due);
 static void resume_cb(uv_idle_t *idle);
