@@ -530,14 +530,13 @@ static int bearer_ok(const pl_broker *b, const pl_request *req)
 
 static void reply_405(pl_conn *c, const pl_request *req)
 {
-    char allow[64] = "Allow: ";
     int post = 0;
 
     for (size_t i = 0; i < NROUTES; i++)
         if (path_is(req, routes[i].path) && routes[i].method == HTTP_POST)
             post = 1;
-    strcat(allow, post ? "GET, POST\r\n" : "GET, HEAD\r\n");
-    pl_conn_respond(c, 405, json_type, allow, "{\"error\":\"method not allowed\"}", 30);
+    pl_conn_respond(c, 405, json_type, post ? "Allow: GET, POST\r\n" : "Allow: GET, HEAD\r\n",
+                    "{\"error\":\"method not allowed\"}", 30);
 }
 
 void pl_broker_on_request(void *app, pl_conn *c, const pl_request *req)

@@ -104,15 +104,20 @@ const char *pl_outcome_name(pl_outcome o)
     return (unsigned)o < PL_OUTCOME__COUNT ? names[o] : "unknown";
 }
 
+static pl_entry *lookup(const pl_engine *e, const unsigned char *buf, size_t len)
+{
+    pl_entry *ent = NULL;
+
+    HASH_FIND(hh, e->entries, buf, len, ent);
+    return ent;
+}
+
 static pl_entry *find_entry(const pl_engine *e, const pl_key *key)
 {
     unsigned char buf[PL_KEY_ENCODED_MAX];
     size_t len = pl_key_encode(key, buf);
-    pl_entry *ent = NULL;
 
-    if (len > 0)
-        HASH_FIND(hh, e->entries, buf, len, ent);
-    return ent;
+    return len > 0 ? lookup(e, buf, len) : NULL;
 }
 
 size_t pl_engine_waiting(const pl_engine *e, const pl_key *key)
@@ -121,20 +126,11 @@ size_t pl_engine_waiting(const pl_engine *e, const pl_key *key)
     return ent ? ent->count : 0;
 }
 
-/* Returns the entry for <key>, creating it; NULL when out of memory or the
- * key cannot be encoded. */
-static pl_entry *get_entry(pl_engine *e, const pl_key *key)
+/* Adds an empty entry for the encoded key <buf>; NULL when out of memory. */
+static pl_entry *new_entry(pl_engine *e, const unsigned char *buf, size_t len)
 {
-    unsigned char buf[PL_KEY_ENCODED_MAX];
-    size_t len = pl_key_encode(key, buf);
-    pl_entry *ent = NULL;
+    pl_entry *ent = pl_malloc(sizeof(*ent) + len);
 
-    if (len == 0)
-        return NULL;
-    HASH_FIND(hh, e->entries, buf, len, ent);
-    if (ent != NULL)
-        return ent;
-    ent = pl_malloc(sizeof(*ent) + len);
     if (ent == NULL)
         return NULL;
     memset(ent, 0, sizeof(*ent));
@@ -272,11 +268,13 @@ static const char *over_cap(const pl_engine *e, const pl_entry *ent,
     return NULL;
 }
 
-/* Makes every allocation a park needs: the key entry and the id index slot.
- * Returns 0, or PL_ENOMEM with nothing changed. */
-static int index_waiter(pl_engine *e, pl_waiter *w, const pl_key *key, size_t id_len)
+/* Makes every allocation a park needs: the key entry (unless <ent> exists
+ * already) and the id index slot. Returns 0, or PL_ENOMEM with nothing
+ * changed. */
+static int index_waiter(pl_engine *e, pl_waiter *w, pl_entry *ent,
+                        const unsigned char *key, size_t keylen, size_t id_len)
 {
-    w->entry = get_entry(e, key);
+    w->entry = ent ? ent : new_entry(e, key, keylen);
     if (w->entry == NULL)
         return PL_ENOMEM;
     /* An older waiter of the same id may still be in the index: uthash
@@ -295,11 +293,13 @@ int pl_engine_park(pl_engine *e, const pl_key *key, const char *id,
                    size_t id_len, void *owner, uint64_t now, pl_waiter **out)
 {
     unsigned char buf[PL_KEY_ENCODED_MAX];
+    size_t len = pl_key_encode(key, buf);
     pl_waiter *w, *old = NULL;
+    pl_entry *ent;
     const char *why;
 
     *out = NULL;
-    if (pl_key_encode(key, buf) == 0)
+    if (len == 0)
         return PL_EINVAL;
     w = pl_malloc(pl_engine_waiter_size(id_len));
     if (w == NULL)
@@ -311,8 +311,9 @@ int pl_engine_park(pl_engine *e, const pl_key *key, const char *id,
     w->parked_at = now;
 
     HASH_FIND(hh, e->by_id, id, id_len, old);
-    why = over_cap(e, find_entry(e, key), old);
-    if (why == NULL && index_waiter(e, w, key, id_len) != 0) {
+    ent = lookup(e, buf, len);
+    why = over_cap(e, ent, old);
+    if (why == NULL && index_waiter(e, w, ent, buf, len, id_len) != 0) {
         pl_free(w);
         return PL_ENOMEM;
     }
