@@ -5,7 +5,6 @@
 
 #include "pilotlight/config.h"
 #include "pilotlight/log.h"
-#include "pilotlight/message.h"
 #include "pilotlight/server.h"
 
 extern char **environ;
@@ -60,6 +59,5 @@ int main(int argc, char **argv)
     pl_log_threshold = (pl_log_level)cfg.log_level;
     signal(SIGPIPE, SIG_IGN);
     raise_fd_limit(&cfg);
-    pl_message_init();
     return pl_server_run(&cfg);
 }

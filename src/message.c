@@ -1,230 +1,668 @@
-/* message.c -- validating a dispatch body and finding its payload bytes. */
+/* message.c -- one strict pass over a dispatch body: validate it, read the
+ * key, find the payload bytes. */
 #include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
-
-#include <cjson/cJSON.h>
 
 #include "pilotlight/mem.h"
 #include "pilotlight/message.h"
 
-/* cJSON allocates a node per value and a copy per string; a dispatch body
- * is parsed, read and freed within one request, so those come from a bump
- * arena instead of malloc, reset when its last allocation is freed (trees
- * may nest: the arena just grows until all are gone). What does not fit
- * goes to pl_malloc. */
-static struct {
-    _Alignas(16) char buf[32768];
-    size_t used, live;
-} arena;
+/* Where a value sits on the way to a key field. */
+enum {
+    AT_OTHER, AT_ROOT, AT_DM, AT_DEPLOYMENT, AT_WORKER, AT_RUN, AT_MACHINE,
+    AT_FRIENDLY_ID, AT_VERSION, AT_CPU, AT_MEMORY,
+};
 
-static void *json_alloc(size_t n)
+static const struct {
+    uint8_t from, to, len;
+    const char *name;
+} edges[] = {
+    {AT_ROOT, AT_DM, 15, "dequeuedMessage"},
+    {AT_DM, AT_DEPLOYMENT, 10, "deployment"},
+    {AT_DM, AT_WORKER, 16, "backgroundWorker"},
+    {AT_DM, AT_RUN, 3, "run"},
+    {AT_RUN, AT_MACHINE, 7, "machine"},
+    {AT_DEPLOYMENT, AT_FRIENDLY_ID, 10, "friendlyId"},
+    {AT_WORKER, AT_VERSION, 7, "version"},
+    {AT_MACHINE, AT_CPU, 3, "cpu"},
+    {AT_MACHINE, AT_MEMORY, 6, "memory"},
+};
+
+/* A value's type as the key reader cares about it. */
+enum { T_NONE, T_STRING, T_ESCAPED, T_NUMBER, T_OBJECT, T_OTHER };
+
+typedef struct {
+    const char *p; /* a string's bytes between its quotes, a number's token */
+    size_t len;
+    int type;
+} found;
+
+/* One member name: its decoded bytes, the object it belongs to, and its
+ * slot in the open-addressing table (so the table can be cleared by name). */
+typedef struct {
+    const char *s;
+    uint32_t len, obj, hash, slot;
+} name;
+
+/* Typical bodies (a few hundred names) never touch the heap: the scratch
+ * lives here and is cleared name by name after each parse. A body with more
+ * names, or more escaped name bytes, gets heap scratch freed before
+ * pl_message_parse() returns. */
+#define SMALL_NAMES 1024
+static name small_names[SMALL_NAMES];
+static uint32_t small_slots[2 * SMALL_NAMES]; /* index + 1 into names, 0 free */
+static char small_dec[4096];
+static char errbuf[160];
+
+typedef struct {
+    const char *body, *p, *end;
+    const char *bad, *bad_at; /* the first syntax error and where */
+    const char *dup;          /* the first duplicate name, as written */
+    size_t dup_len;
+    int nomem, depth;
+    uint32_t nobj, nnames, cap; /* cap names, 2 * cap slots */
+    name *names;
+    uint32_t *slots;
+    char *dec;
+    size_t dec_used, dec_cap;
+    found dm, field[4]; /* friendlyId, version, cpu, memory */
+} reader;
+
+static int fail(reader *r, const char *what)
 {
-    n = (n + 15) & ~(size_t)15;
-    if (n <= sizeof(arena.buf) - arena.used) {
-        void *p = arena.buf + arena.used;
-        arena.used += n;
-        arena.live++;
-        return p;
-    }
-    return pl_malloc(n);
-}
-
-static void json_free(void *p)
-{
-    if ((char *)p >= arena.buf && (char *)p < arena.buf + sizeof(arena.buf)) {
-        if (--arena.live == 0)
-            arena.used = 0;
-        return;
-    }
-    pl_free(p);
-}
-
-void pl_message_init(void)
-{
-    cJSON_Hooks hooks = {json_alloc, json_free};
-    cJSON_InitHooks(&hooks);
-}
-
-/* cJSON skips every byte up to 0x20 as whitespace: so must we, or the bytes
- * we hand over would differ from what it validated. */
-static int is_ws(char c)
-{
-    return (unsigned char)c <= 0x20;
-}
-
-static const char *skip_ws(const char *p, const char *end)
-{
-    while (p < end && is_ws(*p))
-        p++;
-    return p;
-}
-
-/* <p> is at an opening quote of a string in valid JSON; returns the byte
- * after its closing quote and sets *escaped if it held a backslash or a raw
- * NUL (where cJSON would end a member name early). */
-static const char *skip_string(const char *p, const char *end, int *escaped)
-{
-    for (p++; p < end && *p != '"'; p++) {
-        if (*p == '\0')
-            *escaped = 1;
-        if (*p == '\\') {
-            *escaped = 1;
-            p++;
-        }
-    }
-    return p + 1;
-}
-
-/* <p> is at the start of a value in valid JSON; returns the byte after it. */
-static const char *skip_value(const char *p, const char *end)
-{
-    int depth = 0, escaped = 0;
-
-    if (*p == '"')
-        return skip_string(p, end, &escaped);
-    if (*p != '{' && *p != '[') { /* a number or a literal */
-        while (p < end && *p != ',' && *p != '}' && *p != ']' && !is_ws(*p))
-            p++;
-        return p;
-    }
-    do {
-        if (*p == '"') {
-            p = skip_string(p, end, &escaped);
-            continue;
-        }
-        if (*p == '{' || *p == '[')
-            depth++;
-        else if (*p == '}' || *p == ']')
-            depth--;
-        p++;
-    } while (p < end && depth > 0);
-    return p;
-}
-
-/* Finds the bytes of the top-level member "dequeuedMessage" in <body>, which
- * cJSON has already accepted. Returns 0, or -1 when a member name before it
- * is escaped (it could spell the same name: let cJSON decide instead). */
-static int find_payload(const char *body, size_t len, pl_message *m)
-{
-    static const char name[] = "dequeuedMessage";
-    const char *end = body + len, *p = skip_ws(body, end);
-
-    for (p = skip_ws(p + 1, end); p < end && *p == '"'; ) {
-        const char *k = p + 1, *v;
-        size_t klen;
-        int escaped = 0;
-
-        p = skip_string(p, end, &escaped);
-        if (escaped)
-            return -1;
-        klen = (size_t)(p - 1 - k);
-        p = skip_ws(p, end);
-        v = skip_ws(p + 1, end); /* past the colon */
-        p = skip_value(v, end);
-        if (klen == sizeof(name) - 1 && memcmp(k, name, klen) == 0) {
-            m->payload = v;
-            m->payload_len = (size_t)(p - v);
-            return 0;
-        }
-        p = skip_ws(p, end);
-        if (p < end && *p == ',')
-            p = skip_ws(p + 1, end);
+    if (r->bad == NULL) {
+        r->bad = what;
+        r->bad_at = r->p;
     }
     return -1;
 }
 
-/* Reads a non-empty string at <obj>.<a>.<b>; NULL if absent or not one. */
-static const cJSON *get_path(const cJSON *obj, const char *a, const char *b,
-                             const char *c)
+/* JSON's four whitespace bytes, and nothing else (cJSON took every byte up
+ * to 0x20; JSON.parse does not). */
+static void skip_ws(reader *r)
 {
-    obj = cJSON_GetObjectItemCaseSensitive(obj, a);
-    obj = cJSON_GetObjectItemCaseSensitive(obj, b);
-    return c ? cJSON_GetObjectItemCaseSensitive(obj, c) : obj;
+    const char *p = r->p;
+
+    while (p < r->end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t'))
+        p++;
+    r->p = p;
 }
 
-static const char *read_string(const cJSON *v, const char **s, size_t *len,
-                               const char *err_type, const char *err_long)
+static int is_digit(const char *p, const char *end)
 {
-    if (!cJSON_IsString(v) || v->valuestring[0] == '\0')
+    return p < end && *p >= '0' && *p <= '9';
+}
+
+/* Length of the well-formed UTF-8 sequence of 2 to 4 bytes at <p>, or 0:
+ * no overlong forms, no surrogates, nothing above U+10FFFF. */
+static int utf8_len(const unsigned char *p, const unsigned char *end)
+{
+    unsigned c = p[0], lo = 0x80, hi = 0xBF;
+    int n;
+
+    if (c >= 0xC2 && c <= 0xDF)
+        n = 2;
+    else if (c >= 0xE0 && c <= 0xEF)
+        n = 3, lo = c == 0xE0 ? 0xA0 : 0x80, hi = c == 0xED ? 0x9F : 0xBF;
+    else if (c >= 0xF0 && c <= 0xF4)
+        n = 4, lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;
+    else
+        return 0;
+    if (end - p < n || p[1] < lo || p[1] > hi)
+        return 0;
+    for (int i = 2; i < n; i++)
+        if ((p[i] & 0xC0) != 0x80)
+            return 0;
+    return n;
+}
+
+/* Reads four hex digits at <p> (which has them). Returns -1 if not hex. */
+static int hex4(const char *p, unsigned *out)
+{
+    unsigned v = 0;
+
+    for (int i = 0; i < 4; i++) {
+        unsigned c = (unsigned char)p[i], d;
+
+        if (c >= '0' && c <= '9')
+            d = c - '0';
+        else if ((c | 0x20) >= 'a' && (c | 0x20) <= 'f')
+            d = (c | 0x20) - 'a' + 10;
+        else
+            return -1;
+        v = v << 4 | d;
+    }
+    *out = v;
+    return 0;
+}
+
+/* <r->p> is at an opening quote. Validates the string and moves past its
+ * closing quote; <s>,<len> are the bytes between the quotes, *esc is set
+ * when they hold an escape. */
+static int string(reader *r, const char **s, size_t *len, int *esc)
+{
+    const char *p = r->p + 1, *end = r->end;
+    unsigned u;
+
+    *s = p;
+    *esc = 0;
+    for (;;) {
+        unsigned char c;
+        int n;
+
+        while (p < end && (unsigned char)*p >= 0x20 && (unsigned char)*p < 0x80 &&
+               *p != '"' && *p != '\\')
+            p++;
+        r->p = p;
+        if (p == end)
+            return fail(r, "unterminated string");
+        c = (unsigned char)*p;
+        if (c == '"')
+            break;
+        if (c == '\\') {
+            *esc = 1;
+            if (end - p >= 2 && p[1] != '\0' && strchr("\"\\/bfnrt", p[1]) != NULL) {
+                p += 2;
+                continue;
+            }
+            if (end - p >= 6 && p[1] == 'u' && hex4(p + 2, &u) == 0) {
+                p += 6;
+                continue;
+            }
+            return fail(r, "invalid escape in a string");
+        }
+        if (c < 0x20)
+            return fail(r, "control character in a string");
+        n = utf8_len((const unsigned char *)p, (const unsigned char *)end);
+        if (n == 0)
+            return fail(r, "invalid UTF-8 in a string");
+        p += n;
+    }
+    *len = (size_t)(p - *s);
+    r->p = p + 1;
+    return 0;
+}
+
+static size_t put_utf8(char *o, unsigned u)
+{
+    if (u < 0x80) {
+        o[0] = (char)u;
+        return 1;
+    }
+    if (u < 0x800) {
+        o[0] = (char)(0xC0 | u >> 6);
+        o[1] = (char)(0x80 | (u & 0x3F));
+        return 2;
+    }
+    if (u < 0x10000) { /* lone surrogates too: three bytes each */
+        o[0] = (char)(0xE0 | u >> 12);
+        o[1] = (char)(0x80 | (u >> 6 & 0x3F));
+        o[2] = (char)(0x80 | (u & 0x3F));
+        return 3;
+    }
+    o[0] = (char)(0xF0 | u >> 18);
+    o[1] = (char)(0x80 | (u >> 12 & 0x3F));
+    o[2] = (char)(0x80 | (u >> 6 & 0x3F));
+    o[3] = (char)(0x80 | (u & 0x3F));
+    return 4;
+}
+
+/* Writes the text of the validated string bytes <s>,<len> to <out> (at most
+ * <len> bytes) and returns its length. A surrogate pair becomes one code
+ * point, a lone surrogate three bytes of its own: two names decode to the
+ * same bytes exactly when JavaScript's strings for them are equal. */
+static size_t decode(const char *s, size_t len, char *out)
+{
+    const char *end = s + len;
+    char *o = out;
+    unsigned u = 0, lo;
+
+    while (s < end) {
+        if (*s != '\\') {
+            *o++ = *s++;
+            continue;
+        }
+        if (s[1] != 'u') {
+            const char *c = strchr("b\bf\fn\nr\rt\t", s[1]);
+            *o++ = c != NULL ? c[1] : s[1];
+            s += 2;
+            continue;
+        }
+        hex4(s + 2, &u);
+        s += 6;
+        if (u >= 0xD800 && u <= 0xDBFF && end - s >= 6 && s[0] == '\\' && s[1] == 'u' &&
+            hex4(s + 2, &lo) == 0 && lo >= 0xDC00 && lo <= 0xDFFF) {
+            u = 0x10000 + ((u - 0xD800) << 10) + (lo - 0xDC00);
+            s += 6;
+        }
+        o += put_utf8(o, u);
+    }
+    return (size_t)(o - out);
+}
+
+static uint32_t hash_name(const char *s, size_t len, uint32_t obj)
+{
+    uint32_t h = 2166136261u ^ (obj * 0x9E3779B9u);
+
+    for (size_t i = 0; i < len; i++)
+        h = (h ^ (unsigned char)s[i]) * 16777619u;
+    return h;
+}
+
+static void place(reader *r, uint32_t idx)
+{
+    uint32_t mask = 2 * r->cap - 1, i = r->names[idx].hash & mask;
+
+    while (r->slots[i] != 0)
+        i = (i + 1) & mask;
+    r->slots[i] = idx + 1;
+    r->names[idx].slot = i;
+}
+
+/* Empties the table the cheap way: only the slots names occupy. */
+static void clear_small(reader *r)
+{
+    for (uint32_t i = 0; i < r->nnames; i++)
+        small_slots[r->names[i].slot] = 0;
+}
+
+static int grow_names(reader *r)
+{
+    uint32_t cap = r->cap * 2;
+    name *names = pl_malloc(cap * sizeof(*names));
+    uint32_t *slots = pl_malloc(2 * (size_t)cap * sizeof(*slots));
+
+    if (names == NULL || slots == NULL) {
+        pl_free(names);
+        pl_free(slots);
+        r->nomem = 1;
+        return -1;
+    }
+    memcpy(names, r->names, r->nnames * sizeof(*names));
+    memset(slots, 0, 2 * (size_t)cap * sizeof(*slots));
+    if (r->names == small_names) {
+        clear_small(r);
+    } else {
+        pl_free(r->names);
+        pl_free(r->slots);
+    }
+    r->names = names;
+    r->slots = slots;
+    r->cap = cap;
+    for (uint32_t i = 0; i < r->nnames; i++)
+        place(r, i);
+    return 0;
+}
+
+/* Records member name <s>,<len> (decoded) of object <obj>; <raw>,<raw_len>
+ * is how it was written, kept for the error when it repeats. */
+static int remember(reader *r, const char *s, size_t len, uint32_t obj,
+                    const char *raw, size_t raw_len)
+{
+    uint32_t h = hash_name(s, len, obj), mask = 2 * r->cap - 1;
+
+    for (uint32_t i = h & mask; r->slots[i] != 0; i = (i + 1) & mask) {
+        const name *n = &r->names[r->slots[i] - 1];
+
+        if (n->hash == h && n->obj == obj && n->len == len && memcmp(n->s, s, len) == 0) {
+            if (r->dup == NULL) {
+                r->dup = raw;
+                r->dup_len = raw_len;
+            }
+            return 0;
+        }
+    }
+    if (r->nnames == r->cap && grow_names(r) != 0)
+        return -1;
+    r->names[r->nnames] = (name){s, (uint32_t)len, obj, h, 0};
+    place(r, r->nnames++);
+    return 0;
+}
+
+/* Decodes an escaped name into the scratch. The heap scratch, when the
+ * static one is full, is as long as the body: all names together never
+ * decode longer than that, so it never moves. */
+static const char *decode_name(reader *r, const char *s, size_t *len)
+{
+    char *out;
+
+    if (r->dec_cap - r->dec_used < *len) {
+        if (r->dec != small_dec) {
+            r->nomem = 1; /* cannot happen: see above */
+            return NULL;
+        }
+        r->dec = pl_malloc((size_t)(r->end - r->body));
+        if (r->dec == NULL) {
+            r->nomem = 1;
+            return NULL;
+        }
+        r->dec_cap = (size_t)(r->end - r->body);
+        r->dec_used = 0;
+    }
+    out = r->dec + r->dec_used;
+    *len = decode(s, *len, out);
+    r->dec_used += *len;
+    return out;
+}
+
+/* The node a member named <s>,<len> of a value at <at> leads to. */
+static int child(int at, const char *s, size_t len)
+{
+    for (size_t i = 0; i < sizeof(edges) / sizeof(edges[0]); i++)
+        if (edges[i].from == at && edges[i].len == len && memcmp(edges[i].name, s, len) == 0)
+            return edges[i].to;
+    return AT_OTHER;
+}
+
+static int value(reader *r, int at, found *f);
+
+static int object(reader *r, int at)
+{
+    uint32_t obj = r->nobj++;
+    found f;
+
+    r->p++;
+    skip_ws(r);
+    if (r->p < r->end && *r->p == '}') {
+        r->p++;
+        return 0;
+    }
+    for (;;) {
+        const char *raw, *s;
+        size_t raw_len, len;
+        int esc, to;
+
+        if (r->p == r->end || *r->p != '"')
+            return fail(r, "expected a member name");
+        if (string(r, &raw, &raw_len, &esc) != 0)
+            return -1;
+        s = raw;
+        len = raw_len;
+        if (esc && (s = decode_name(r, raw, &len)) == NULL)
+            return -1;
+        if (remember(r, s, len, obj, raw, raw_len) != 0)
+            return -1;
+        skip_ws(r);
+        if (r->p == r->end || *r->p != ':')
+            return fail(r, "expected ':' after a member name");
+        r->p++;
+        skip_ws(r);
+        to = at == AT_OTHER ? AT_OTHER : child(at, s, len);
+        if (value(r, to, &f) != 0)
+            return -1;
+        if (to == AT_DM)
+            r->dm = f;
+        else if (to >= AT_FRIENDLY_ID)
+            r->field[to - AT_FRIENDLY_ID] = f;
+        skip_ws(r);
+        if (r->p < r->end && *r->p == ',') {
+            r->p++;
+            skip_ws(r);
+            continue;
+        }
+        if (r->p < r->end && *r->p == '}') {
+            r->p++;
+            return 0;
+        }
+        return fail(r, "expected ',' or '}' in an object");
+    }
+}
+
+static int array(reader *r)
+{
+    found f;
+
+    r->p++;
+    skip_ws(r);
+    if (r->p < r->end && *r->p == ']') {
+        r->p++;
+        return 0;
+    }
+    for (;;) {
+        if (value(r, AT_OTHER, &f) != 0)
+            return -1;
+        skip_ws(r);
+        if (r->p < r->end && *r->p == ',') {
+            r->p++;
+            skip_ws(r);
+            continue;
+        }
+        if (r->p < r->end && *r->p == ']') {
+            r->p++;
+            return 0;
+        }
+        return fail(r, "expected ',' or ']' in an array");
+    }
+}
+
+/* RFC 8259 section 6: no leading zero, no bare or trailing dot, no '+'. */
+static int number(reader *r)
+{
+    const char *p = r->p, *end = r->end;
+
+    if (p < end && *p == '-')
+        p++;
+    if (p < end && *p == '0') {
+        p++;
+        if (is_digit(p, end)) {
+            r->p = p;
+            return fail(r, "leading zero in a number");
+        }
+    } else if (is_digit(p, end)) {
+        while (is_digit(p, end))
+            p++;
+    } else {
+        r->p = p;
+        return fail(r, "expected a value");
+    }
+    if (p < end && *p == '.') {
+        if (!is_digit(++p, end)) {
+            r->p = p;
+            return fail(r, "expected a digit after the decimal point");
+        }
+        while (is_digit(p, end))
+            p++;
+    }
+    if (p < end && (*p == 'e' || *p == 'E')) {
+        p++;
+        if (p < end && (*p == '+' || *p == '-'))
+            p++;
+        if (!is_digit(p, end)) {
+            r->p = p;
+            return fail(r, "expected a digit in the exponent");
+        }
+        while (is_digit(p, end))
+            p++;
+    }
+    r->p = p;
+    return 0;
+}
+
+static int literal(reader *r, const char *word, size_t len)
+{
+    if ((size_t)(r->end - r->p) < len || memcmp(r->p, word, len) != 0)
+        return fail(r, "expected a value");
+    r->p += len;
+    return 0;
+}
+
+/* Reads the value at <r->p>, found at <at>; <f> says what it was. */
+static int value(reader *r, int at, found *f)
+{
+    const char *start = r->p;
+    int rc, esc;
+
+    f->p = start;
+    f->type = T_OTHER;
+    if (r->p == r->end)
+        return fail(r, "expected a value");
+    switch (*r->p) {
+    case '{':
+    case '[':
+        if (r->depth == PL_MESSAGE_MAX_DEPTH)
+            return fail(r, "nested too deeply");
+        r->depth++;
+        rc = *r->p == '{' ? object(r, at) : array(r);
+        r->depth--;
+        f->type = *start == '{' ? T_OBJECT : T_OTHER;
+        break;
+    case '"':
+        rc = string(r, &f->p, &f->len, &esc);
+        f->type = esc ? T_ESCAPED : T_STRING;
+        return rc;
+    case 't':
+        rc = literal(r, "true", 4);
+        break;
+    case 'f':
+        rc = literal(r, "false", 5);
+        break;
+    case 'n':
+        rc = literal(r, "null", 4);
+        break;
+    default:
+        rc = number(r);
+        f->type = T_NUMBER;
+    }
+    f->len = (size_t)(r->p - start);
+    return rc;
+}
+
+static const char *read_string(const found *f, const char **s, size_t *len,
+                               const char *err_type, const char *err_escaped,
+                               const char *err_long)
+{
+    if (f->type == T_ESCAPED)
+        return err_escaped;
+    if (f->type != T_STRING || f->len == 0)
         return err_type;
-    *s = v->valuestring;
-    *len = strlen(v->valuestring);
-    return *len > PL_KEY_FIELD_MAX ? err_long : NULL;
+    *s = f->p;
+    *len = f->len;
+    return f->len > PL_KEY_FIELD_MAX ? err_long : NULL;
 }
 
-static const char *read_number(const cJSON *v, double *out, const char *err)
+/* The token is valid JSON inside a complete object, so a byte that ends
+ * it follows within the body and strtod() reads exactly the token (glibc's
+ * is correctly rounded, as JavaScript's Number parsing is). */
+static const char *read_number(const found *f, double *out, const char *err)
 {
-    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble))
+    if (f->type != T_NUMBER)
         return err;
-    *out = v->valuedouble == 0 ? 0 : v->valuedouble;
+    *out = strtod(f->p, NULL);
+    if (!isfinite(*out))
+        return err;
+    if (*out == 0)
+        *out = 0; /* -0 is the key 0 */
     return NULL;
 }
 
-static const char *read_key(const cJSON *dm, pl_key *k)
+#define FIELD(a, b) "dequeuedMessage." a "." b
+
+static const char *read_key(const reader *r, pl_key *k)
 {
     const char *err;
 
-    err = read_string(get_path(dm, "deployment", "friendlyId", NULL),
-                      &k->deployment, &k->deployment_len,
-                      "dequeuedMessage.deployment.friendlyId must be a non-empty string",
-                      "dequeuedMessage.deployment.friendlyId is too long");
+    err = read_string(&r->field[0], &k->deployment, &k->deployment_len,
+                      FIELD("deployment", "friendlyId") " must be a non-empty string",
+                      FIELD("deployment", "friendlyId") " must not contain escape sequences",
+                      FIELD("deployment", "friendlyId") " is too long");
     if (err == NULL)
-        err = read_string(get_path(dm, "backgroundWorker", "version", NULL),
-                          &k->version, &k->version_len,
-                          "dequeuedMessage.backgroundWorker.version must be a non-empty string",
-                          "dequeuedMessage.backgroundWorker.version is too long");
+        err = read_string(&r->field[1], &k->version, &k->version_len,
+                          FIELD("backgroundWorker", "version") " must be a non-empty string",
+                          FIELD("backgroundWorker", "version") " must not contain escape sequences",
+                          FIELD("backgroundWorker", "version") " is too long");
     if (err == NULL)
-        err = read_number(get_path(dm, "run", "machine", "cpu"), &k->cpu,
-                          "dequeuedMessage.run.machine.cpu must be a number");
+        err = read_number(&r->field[2], &k->cpu,
+                          FIELD("run.machine", "cpu") " must be a number");
     if (err == NULL)
-        err = read_number(get_path(dm, "run", "machine", "memory"), &k->memory,
-                          "dequeuedMessage.run.machine.memory must be a number");
+        err = read_number(&r->field[3], &k->memory,
+                          FIELD("run.machine", "memory") " must be a number");
     return err;
+}
+
+/* The first units of the name <s>,<len> as written (valid JSON string
+ * content), never cutting an escape or a UTF-8 sequence: at most <max>. */
+static int name_prefix(const char *s, size_t len, size_t max)
+{
+    size_t n = 0;
+
+    while (n < len) {
+        size_t u = 1;
+
+        if (s[n] == '\\')
+            u = s[n + 1] == 'u' ? 6 : 2;
+        else if ((unsigned char)s[n] >= 0x80)
+            u = (size_t)utf8_len((const unsigned char *)s + n, (const unsigned char *)s + len);
+        if (n + u > max)
+            break;
+        n += u;
+    }
+    return (int)n;
+}
+
+static int verdict(reader *r, pl_message *m, const char **err)
+{
+    if (r->nomem) {
+        *err = "out of memory";
+        return PL_MESSAGE_ENOMEM;
+    }
+    if (r->bad != NULL) {
+        snprintf(errbuf, sizeof(errbuf), "request body is not valid JSON: %s at byte %zu",
+                 r->bad, (size_t)(r->bad_at - r->body));
+        *err = errbuf;
+    } else if (r->dup != NULL) {
+        int n = name_prefix(r->dup, r->dup_len, 64);
+
+        snprintf(errbuf, sizeof(errbuf), "duplicate member name \\\"%.*s\\\"%s", n, r->dup,
+                 (size_t)n < r->dup_len ? " (cut)" : "");
+        *err = errbuf;
+    } else if (r->dm.type != T_OBJECT) {
+        *err = "dequeuedMessage must be an object";
+    } else {
+        *err = read_key(r, &m->key);
+    }
+    if (*err != NULL)
+        return PL_MESSAGE_EINVAL;
+    m->payload = r->dm.p;
+    m->payload_len = r->dm.len;
+    return 0;
 }
 
 int pl_message_parse(const char *body, size_t len, pl_message *m,
                      const char **err)
 {
-    const char *parse_end = NULL;
-    cJSON *root, *dm;
+    reader r = {0};
+    found top;
+    int rc;
 
     memset(m, 0, sizeof(*m));
-    root = cJSON_ParseWithLengthOpts(body, len, &parse_end, 0);
-    if (root != NULL && skip_ws(parse_end, body + len) != body + len) {
-        cJSON_Delete(root); /* trailing bytes after the document */
-        root = NULL;
+    r.body = r.p = body;
+    r.end = body + len;
+    r.names = small_names;
+    r.slots = small_slots;
+    r.cap = SMALL_NAMES;
+    r.dec = small_dec;
+    r.dec_cap = sizeof(small_dec);
+    skip_ws(&r);
+    if (value(&r, AT_ROOT, &top) == 0) {
+        skip_ws(&r);
+        if (r.p != r.end)
+            fail(&r, "unexpected bytes after the document");
     }
-    if (root == NULL) {
-        *err = "request body is not valid JSON";
-        return PL_MESSAGE_EINVAL;
+    rc = verdict(&r, m, err);
+    if (r.names == small_names) {
+        clear_small(&r);
+    } else {
+        pl_free(r.names);
+        pl_free(r.slots);
     }
-    dm = cJSON_GetObjectItemCaseSensitive(root, "dequeuedMessage");
-    if (!cJSON_IsObject(root) || !cJSON_IsObject(dm)) {
-        *err = "dequeuedMessage must be an object";
-        cJSON_Delete(root);
-        return PL_MESSAGE_EINVAL;
-    }
-    *err = read_key(dm, &m->key);
-    if (*err != NULL) {
-        cJSON_Delete(root);
-        return PL_MESSAGE_EINVAL;
-    }
-    m->root = root;
-    if (find_payload(body, len, m) != 0) {
-        m->owned = cJSON_PrintUnformatted(dm);
-        if (m->owned == NULL) {
-            cJSON_Delete(root);
-            return PL_MESSAGE_ENOMEM;
-        }
-        m->payload = m->owned;
-        m->payload_len = strlen(m->owned);
-    }
-    return 0;
+    if (r.dec != small_dec)
+        pl_free(r.dec);
+    return rc;
 }
 
 void pl_message_release(pl_message *m)
 {
-    cJSON_Delete(m->root);
-    cJSON_free(m->owned);
     memset(m, 0, sizeof(*m));
 }

@@ -1,8 +1,12 @@
 /* message.h -- the dispatch body: {"dequeuedMessage": {...}}.
  *
- * Parsed once with cJSON to validate it and read the key; the payload handed
- * to the controller is the original bytes of the dequeuedMessage value, not a
- * re-serialisation. */
+ * One strict pass validates the whole body, reads the key and finds the
+ * dequeuedMessage value's bytes, which are what the controller receives:
+ * exactly the bytes that were validated. A body is accepted only when it is
+ * RFC 8259 JSON that JavaScript's JSON.parse (the controller) reads the same
+ * way: UTF-8 without a BOM, the four JSON whitespace bytes, no duplicate
+ * member name in any object (decoded names compared), nothing after the
+ * document, and key strings spelled without escapes. */
 #ifndef PILOTLIGHT_MESSAGE_H
 #define PILOTLIGHT_MESSAGE_H
 
@@ -11,26 +15,26 @@
 #include "pilotlight/key.h"
 
 typedef struct {
-    pl_key key;           /* strings point into <root> */
-    const char *payload;  /* the dequeuedMessage value's bytes */
+    pl_key key;           /* strings point into the body */
+    const char *payload;  /* the dequeuedMessage value's bytes, in the body */
     size_t payload_len;
-    char *owned;          /* set when the payload had to be re-serialised */
-    void *root;           /* the parsed document (cJSON *) */
 } pl_message;
 
 #define PL_MESSAGE_EINVAL (-1)
 #define PL_MESSAGE_ENOMEM (-2)
 
-/* Routes cJSON's allocations through pl_malloc/pl_free. Call once. */
-void pl_message_init(void);
+/* Deepest nesting of arrays and objects accepted. */
+#define PL_MESSAGE_MAX_DEPTH 1000
 
 /* Parses <body> (<len> bytes, must outlive <m>). Returns 0 and fills <m>;
- * PL_MESSAGE_EINVAL with *err set to a static message naming the offending
- * field; PL_MESSAGE_ENOMEM. On error <m> needs no release. */
+ * PL_MESSAGE_EINVAL with *err set to a message naming what is wrong (JSON
+ * string content, static or in a buffer valid until the next call);
+ * PL_MESSAGE_ENOMEM when a very large body needed scratch memory that could
+ * not be had. On error <m> needs no release. */
 int pl_message_parse(const char *body, size_t len, pl_message *m,
                      const char **err);
 
-/* Frees what pl_message_parse() allocated. */
+/* Ends the use of <m>; it owns nothing, so this only clears it. */
 void pl_message_release(pl_message *m);
 
 #endif

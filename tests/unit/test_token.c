@@ -792,7 +792,6 @@ static int run_vectors(const char *path)
 
 int main(int argc, char **argv)
 {
-    pl_message_init(); /* cJSON allocates through pl_malloc, as in the server */
     if (argc == 3 && strcmp(argv[1], "--vectors") == 0)
         return run_vectors(argv[2]);
     RUN(test_valid_token);
