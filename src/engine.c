@@ -22,8 +22,8 @@ struct pl_waiter {
     pl_entry *entry;
     void *owner;
     uint64_t parked_at;
-    UT_hash_handle hh; /* by controller id */
-    char id[];
+    UT_hash_handle hh; /* by controller id and deployment */
+    char id[];         /* the id, a NUL, the key's deployment */
 };
 
 struct pl_entry {
@@ -37,7 +37,7 @@ struct pl_entry {
 struct pl_engine {
     pl_engine_opts opts;
     pl_entry *entries;      /* uthash head, by key */
-    pl_waiter *by_id;       /* uthash head, by controller id */
+    pl_waiter *by_id;       /* uthash head, by controller id and deployment */
     pl_waiter *oldest;      /* time list: every waiter, by park time. One */
     pl_waiter *newest;      /* timeout for all keeps it sorted by deadline. */
     size_t nkeys;
@@ -293,7 +293,7 @@ int pl_engine_park(pl_engine *e, const pl_key *key, const char *id,
                    size_t id_len, void *owner, uint64_t now, pl_waiter **out)
 {
     unsigned char buf[PL_KEY_ENCODED_MAX];
-    size_t len = pl_key_encode(key, buf);
+    size_t len = pl_key_encode(key, buf), idx_len;
     pl_waiter *w, *old = NULL;
     pl_entry *ent;
     const char *why;
@@ -301,19 +301,25 @@ int pl_engine_park(pl_engine *e, const pl_key *key, const char *id,
     *out = NULL;
     if (len == 0)
         return PL_EINVAL;
-    w = pl_malloc(pl_engine_waiter_size(id_len));
+    /* A poll replaces only its own controller's older poll: the same id
+     * for the same deployment (a token-verified one when tokens are on).
+     * Another tenant reusing the id parks beside it and ends nothing. */
+    idx_len = id_len + 1 + key->deployment_len;
+    w = pl_malloc(pl_engine_waiter_size(idx_len));
     if (w == NULL)
         return PL_ENOMEM;
     memset(w, 0, sizeof(*w));
     memcpy(w->id, id, id_len);
     w->id[id_len] = '\0';
+    memcpy(w->id + id_len + 1, key->deployment, key->deployment_len);
+    w->id[idx_len] = '\0';
     w->owner = owner;
     w->parked_at = now;
 
-    HASH_FIND(hh, e->by_id, id, id_len, old);
+    HASH_FIND(hh, e->by_id, w->id, idx_len, old);
     ent = lookup(e, buf, len);
     why = over_cap(e, ent, old);
-    if (why == NULL && index_waiter(e, w, ent, buf, len, id_len) != 0) {
+    if (why == NULL && index_waiter(e, w, ent, buf, len, idx_len) != 0) {
         pl_free(w);
         return PL_ENOMEM;
     }

@@ -66,7 +66,8 @@ pl_engine *pl_engine_new(const pl_engine_opts *opts);
 void pl_engine_free(pl_engine *e);
 
 /* Parks a poll for <key> from controller <id> (<id_len> bytes, copied).
- * An older waiter of the same controller id is settled REPLACED first.
+ * An older waiter of the same controller id and the same key deployment is
+ * settled REPLACED first; one of another deployment is left alone.
  * Over a cap, the new waiter is settled REJECTED at once (the callback runs
  * before this returns). Returns 0 and sets *out when parked, PL_EREJECTED when
  * rejected, PL_ENOMEM or PL_EINVAL (nothing settled, nothing changed) when
@@ -127,8 +128,9 @@ size_t pl_engine_each_key(const pl_engine *e, size_t max,
 /* Number of waiters parked under <key>. */
 size_t pl_engine_waiting(const pl_engine *e, const pl_key *key);
 
-/* Bytes the engine allocates for one parked waiter whose controller id is
- * <id_len> bytes long (not counting the key entry it may share). */
+/* Bytes the engine allocates for one parked waiter whose controller id and
+ * key deployment are <id_len> bytes long together (not counting the key
+ * entry it may share). */
 size_t pl_engine_waiter_size(size_t id_len);
 
 const char *pl_outcome_name(pl_outcome o);

@@ -252,6 +252,40 @@ static void test_replace_same_controller(void)
     CHECK_EQ(f.calls, 1);
 }
 
+/* A controller id is replaced only within its deployment: another tenant
+ * reusing it parks beside it and ends nothing (issue 8). */
+static void test_replace_same_tenant_only(void)
+{
+    pl_engine *e = engine(PL_ORDER_FIFO, 0, 0, 0);
+    owner_t v = {0}, a = {0}, a2 = {0}, v2 = {0}, v3 = {0};
+    int payload = 1;
+    uint64_t settled[PL_OUTCOME__COUNT] = {0};
+
+    CHECK_EQ(park(e, &KA, "ctl", &v, 1), 0);  /* tenant dep-a */
+    CHECK_EQ(park(e, &KC, "ctl", &a, 2), 0);  /* tenant dep-c, same id */
+    CHECK_EQ(v.calls, 0);
+    CHECK_EQ(a.calls, 0);
+    check_ledger(e, 2, 2, settled);
+    /* each tenant's own re-poll replaces only its own */
+    CHECK_EQ(park(e, &KC, "ctl", &a2, 3), 0);
+    CHECK_EQ(a.outcome, PL_OUTCOME_REPLACED);
+    CHECK_EQ(v.calls, 0);
+    CHECK_EQ(pl_engine_deliver(e, &KA, &payload, 4, NULL), 1);
+    CHECK_EQ(v.outcome, PL_OUTCOME_MATCHED);
+    CHECK_EQ(a2.calls, 0);
+    /* the same deployment under another version or machine still replaces */
+    CHECK_EQ(park(e, &KA, "ctl", &v2, 5), 0);
+    CHECK_EQ(park(e, &KB, "ctl", &v3, 6), 0);
+    CHECK_EQ(v2.calls, 1);
+    CHECK_EQ(v2.outcome, PL_OUTCOME_REPLACED);
+    settled[PL_OUTCOME_REPLACED] = 2;
+    settled[PL_OUTCOME_MATCHED] = 1;
+    check_ledger(e, 5, 2, settled);
+    pl_engine_free(e);
+    CHECK_EQ(a2.calls, 1);
+    CHECK_EQ(v3.calls, 1);
+}
+
 /* Replacing frees the old waiter's place before the caps are checked. */
 static void test_replace_at_cap(void)
 {
@@ -894,7 +928,7 @@ static int m_park(model *m, owner_t *o)
 {
     for (int k = 0; k < M_KEYS; k++)
         for (size_t i = 0; i < m->n[k]; i++)
-            if (m->q[k][i]->id == o->id) {
+            if (m->q[k][i]->id == o->id && strcmp(mkeys[k].dep, mkeys[o->key].dep) == 0) {
                 m_remove(m, k, i, PL_OUTCOME_REPLACED);
                 k = M_KEYS;
                 break;
@@ -1203,6 +1237,7 @@ int main(void)
     RUN(test_deliver_empty_queues_nothing);
     RUN(test_settle_disconnect);
     RUN(test_replace_same_controller);
+    RUN(test_replace_same_tenant_only);
     RUN(test_replace_at_cap);
     RUN(test_fifo_order);
     RUN(test_lifo_order);
