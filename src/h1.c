@@ -201,6 +201,8 @@ static int on_headers_complete(llhttp_t *p)
 
     h->keep_alive = llhttp_should_keep_alive(p) && !p->upgrade;
     h->head = p->method == HTTP_HEAD;
+    if (p->http_major != 1) /* "GET /path" alone is HTTP/0.9 to llhttp */
+        return fail(h, 400, "request line without HTTP/1.x version");
     if (p->http_major == 1 && p->http_minor >= 1 && !(h->seen & (1u << PL_HDR_HOST)))
         return fail(h, 400, "missing Host header");
     if ((h->seen & (1u << PL_HDR_HOST)) && !host_valid(h))
@@ -287,9 +289,44 @@ static int is_token_method(const char *data, size_t len)
     return i > 0 && i < len && data[i] == ' ';
 }
 
+/* llhttp takes runs of spaces between the parts of a request line, which
+ * RFC 9112 section 3 separates by exactly one (a proxy may split a line with
+ * two otherwise). <h->line> carries the scan across reads; blank lines
+ * before a request are skipped, as llhttp skips them. Returns 0, or -1 at a
+ * space that is not the one separator. */
+enum { LINE_START, LINE_TEXT, LINE_SPACE, LINE_DONE };
+
+static int request_line_ok(pl_h1 *h, const char *data, size_t len)
+{
+    if (!h->in_msg)
+        h->line = LINE_START;
+    for (size_t i = 0; i < len && h->line != LINE_DONE; i++) {
+        if (data[i] == ' ') {
+            if (h->line != LINE_TEXT)
+                return -1;
+            h->line = LINE_SPACE;
+        } else if (data[i] == '\n') {
+            if (h->line != LINE_START)
+                h->line = LINE_DONE;
+        } else if (data[i] != '\r' || h->line != LINE_START) {
+            h->line = LINE_TEXT;
+        }
+    }
+    return 0;
+}
+
 pl_h1_result pl_h1_execute(pl_h1 *h, const char *data, size_t len, size_t *used)
 {
-    llhttp_errno_t err = llhttp_execute(&h->parser, data, len);
+    llhttp_errno_t err;
+
+    if (request_line_ok(h, data, len) != 0) {
+        *used = len;
+        h->failed = 1;
+        h->err_status = 400;
+        h->err_msg = "malformed request line";
+        return PL_H1_ERROR;
+    }
+    err = llhttp_execute(&h->parser, data, len);
 
     if (err == HPE_OK) {
         *used = len;

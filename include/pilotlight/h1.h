@@ -65,6 +65,7 @@ typedef struct {
     uint8_t cur_hdr, hname_len;
     char hname[40];
     unsigned in_msg : 1, keep_alive : 1, head : 1, failed : 1;
+    uint8_t line; /* how far the request line's spaces were checked */
 } pl_h1;
 
 typedef enum {
