@@ -55,6 +55,7 @@ static name small_names[SMALL_NAMES];
 static uint32_t small_slots[2 * SMALL_NAMES]; /* index + 1 into names, 0 free */
 static char small_dec[4096];
 static char errbuf[160];
+static const char out_of_memory[] = "out of memory";
 
 typedef struct {
     const char *body, *p, *end;
@@ -529,17 +530,27 @@ static int value(reader *r, int at, found *f)
     return rc;
 }
 
-static const char *read_string(const found *f, const char **s, size_t *len,
-                               const char *err_type, const char *err_escaped,
+/* A key string as JavaScript reads it: escapes decoded (into <buf>, which
+ * has room), but never to a NUL (cJSON's reading ended there, and a header
+ * cannot carry one) or a lone surrogate (not text a header can carry). */
+static const char *read_string(const found *f, char *buf, const char **s, size_t *len,
+                               const char *err_type, const char *err_char,
                                const char *err_long)
 {
-    if (f->type == T_ESCAPED)
-        return err_escaped;
-    if (f->type != T_STRING || f->len == 0)
+    if ((f->type != T_STRING && f->type != T_ESCAPED) || f->len == 0)
         return err_type;
     *s = f->p;
     *len = f->len;
-    return f->len > PL_KEY_FIELD_MAX ? err_long : NULL;
+    if (f->type == T_ESCAPED) {
+        *len = decode(f->p, f->len, buf);
+        *s = buf;
+        if (memchr(buf, '\0', *len) != NULL)
+            return err_char;
+        for (const char *e = buf; (e = memchr(e, 0xED, (size_t)(buf + *len - e))) != NULL; e++)
+            if ((unsigned char)e[1] >= 0xA0) /* raw UTF-8 has 80-9F after ED */
+                return err_char;
+    }
+    return *len > PL_KEY_FIELD_MAX ? err_long : NULL;
 }
 
 /* The token is valid JSON inside a complete object, so a byte that ends
@@ -559,18 +570,24 @@ static const char *read_number(const found *f, double *out, const char *err)
 
 #define FIELD(a, b) "dequeuedMessage." a "." b
 
-static const char *read_key(const reader *r, pl_key *k)
+static const char *read_key(const reader *r, pl_message *m)
 {
+    pl_key *k = &m->key;
+    const found *dep = &r->field[0], *ver = &r->field[1];
+    size_t need = (dep->type == T_ESCAPED ? dep->len : 0) + (ver->type == T_ESCAPED ? ver->len : 0);
     const char *err;
 
-    err = read_string(&r->field[0], &k->deployment, &k->deployment_len,
+    if (need > 0 && (m->owned = pl_malloc(need)) == NULL)
+        return out_of_memory;
+    err = read_string(dep, m->owned, &k->deployment, &k->deployment_len,
                       FIELD("deployment", "friendlyId") " must be a non-empty string",
-                      FIELD("deployment", "friendlyId") " must not contain escape sequences",
+                      FIELD("deployment", "friendlyId") " must not contain \\\\u0000 or a lone surrogate",
                       FIELD("deployment", "friendlyId") " is too long");
     if (err == NULL)
-        err = read_string(&r->field[1], &k->version, &k->version_len,
+        err = read_string(ver, m->owned + (dep->type == T_ESCAPED ? dep->len : 0),
+                          &k->version, &k->version_len,
                           FIELD("backgroundWorker", "version") " must be a non-empty string",
-                          FIELD("backgroundWorker", "version") " must not contain escape sequences",
+                          FIELD("backgroundWorker", "version") " must not contain \\\\u0000 or a lone surrogate",
                           FIELD("backgroundWorker", "version") " is too long");
     if (err == NULL)
         err = read_number(&r->field[2], &k->cpu,
@@ -604,7 +621,7 @@ static int name_prefix(const char *s, size_t len, size_t max)
 static int verdict(reader *r, pl_message *m, const char **err)
 {
     if (r->nomem) {
-        *err = "out of memory";
+        *err = out_of_memory;
         return PL_MESSAGE_ENOMEM;
     }
     if (r->bad != NULL) {
@@ -619,8 +636,9 @@ static int verdict(reader *r, pl_message *m, const char **err)
         *err = errbuf;
     } else if (r->dm.type != T_OBJECT) {
         *err = "dequeuedMessage must be an object";
-    } else {
-        *err = read_key(r, &m->key);
+    } else if ((*err = read_key(r, m)) != NULL) {
+        pl_message_release(m);
+        return *err == out_of_memory ? PL_MESSAGE_ENOMEM : PL_MESSAGE_EINVAL;
     }
     if (*err != NULL)
         return PL_MESSAGE_EINVAL;
@@ -664,5 +682,6 @@ int pl_message_parse(const char *body, size_t len, pl_message *m,
 
 void pl_message_release(pl_message *m)
 {
+    pl_free(m->owned);
     memset(m, 0, sizeof(*m));
 }

@@ -6,7 +6,7 @@
  * RFC 8259 JSON that JavaScript's JSON.parse (the controller) reads the same
  * way: UTF-8 without a BOM, the four JSON whitespace bytes, no duplicate
  * member name in any object (decoded names compared), nothing after the
- * document, and key strings spelled without escapes. */
+ * document, and no key string that decodes to a NUL or a lone surrogate. */
 #ifndef PILOTLIGHT_MESSAGE_H
 #define PILOTLIGHT_MESSAGE_H
 
@@ -15,9 +15,10 @@
 #include "pilotlight/key.h"
 
 typedef struct {
-    pl_key key;           /* strings point into the body */
+    pl_key key;           /* strings point into the body, or into <owned> */
     const char *payload;  /* the dequeuedMessage value's bytes, in the body */
     size_t payload_len;
+    char *owned;          /* key strings that had escapes, decoded */
 } pl_message;
 
 #define PL_MESSAGE_EINVAL (-1)
@@ -34,7 +35,7 @@ typedef struct {
 int pl_message_parse(const char *body, size_t len, pl_message *m,
                      const char **err);
 
-/* Ends the use of <m>; it owns nothing, so this only clears it. */
+/* Frees what pl_message_parse() allocated (decoded key strings, rarely). */
 void pl_message_release(pl_message *m);
 
 #endif

@@ -135,13 +135,30 @@ static void test_strict(void)
         CHECK(strstr(err, "not valid JSON") != NULL);
     }
     CHECK_EQ(parse(ok, &m, &err), 0);
-    /* key fields must read as they are spelled */
+    /* key fields are read as JSON.parse reads them, escapes decoded, but
+     * never to a NUL (a C reading ends there) or a lone surrogate */
     expect_invalid(DM("{\"deployment\":{\"friendlyId\":\"A\\u0000B\"}}"),
-                   "friendlyId must not contain escape");
-    expect_invalid(DM("{\"deployment\":{\"friendlyId\":\"\\u0041\"}}"),
-                   "friendlyId must not contain escape");
+                   "friendlyId must not contain \\\\u0000");
+    expect_invalid(DM("{\"deployment\":{\"friendlyId\":\"A\\ud800\"}}"),
+                   "friendlyId must not contain \\\\u0000 or a lone surrogate");
     expect_invalid(DM("{\"deployment\":{\"friendlyId\":\"d\"},\"backgroundWorker\":"
-                      "{\"version\":\"1\\/2\"}}"), "version must not contain escape");
+                      "{\"version\":\"\\udc00\"}}"), "version must not contain");
+    {
+        const char *esc = DM("{\"deployment\":{\"friendlyId\":\"q\\\"\\\\\\t\\u0041\\ud83d\\ude00\"},"
+                             "\"backgroundWorker\":{\"version\":\"1\\/2\"},"
+                             "\"run\":{\"machine\":{\"cpu\":1,\"memory\":2}}}");
+
+        CHECK_EQ(parse(esc, &m, &err), 0);
+        CHECK(m.key.deployment_len == 9 &&
+              memcmp(m.key.deployment, "q\"\\\tA\xf0\x9f\x98\x80", 9) == 0);
+        CHECK(m.key.version_len == 3 && memcmp(m.key.version, "1/2", 3) == 0);
+        CHECK(m.owned != NULL);
+        pl_message_release(&m);
+        /* out of memory for the decoded strings: ENOMEM, nothing leaks */
+        pl_mem_fail_after(1, 0);
+        CHECK_EQ(parse(esc, &m, &err), PL_MESSAGE_ENOMEM);
+        pl_mem_fail_after(0, 0);
+    }
     /* nesting: the limit, and one more */
     memset(buf, '[', PL_MESSAGE_MAX_DEPTH > 400 ? 400 : PL_MESSAGE_MAX_DEPTH);
     CHECK_EQ(pl_message_parse(buf, 400, &m, &err), PL_MESSAGE_EINVAL);

@@ -9,8 +9,9 @@
 // what JSON.parse refuses, pilotlight refuses what it cannot read the same
 // way, and what this script encodes as its policy: a member name twice in
 // one object (JSON.parse keeps the last, a router reading first-wins would
-// route on the other), key strings whose bytes are not their text
-// (escapes), nesting deeper than 1000, and the protocol's key rules.
+// route on the other), key strings holding U+0000 (a C reading ends there;
+// no header carries one) or a lone surrogate (no header carries one either),
+// nesting deeper than 1000, and the protocol's key rules.
 //
 // Each line: ok <body hex> <friendlyId hex> <version hex> <cpu> <memory>
 // <payload byte offset> <payload bytes> <label>, or bad <body hex> <text
@@ -23,6 +24,7 @@ const KEY_PATHS = {
   friendlyId: ['dequeuedMessage', 'deployment', 'friendlyId'],
   version: ['dequeuedMessage', 'backgroundWorker', 'version'],
 };
+const NOT_HEADER_TEXT = /\u0000|\p{Surrogate}/u; // with the u flag, only lone ones
 
 // Walks text JSON.parse accepted: member names per object (compared as
 // JavaScript strings), nesting depth, and the raw span of every value on a
@@ -88,10 +90,9 @@ function judge(buf) {
   const at = (o, ...names) => names.reduce((v, n) => (isObj(v) && Object.hasOwn(v, n) ? v[n] : undefined), o);
   const key = {};
   for (const [field, path] of Object.entries(KEY_PATHS)) {
-    const v = at(doc, ...path), span = s.spans.get(JSON.stringify(path));
-    if (typeof v === 'string' && text.slice(span[0] + 1, span[1] - 1) !== v)
-      return { bad: `${field} must not contain escape sequences` };
+    const v = at(doc, ...path);
     if (typeof v !== 'string' || v === '') return { bad: `${field} must be a non-empty string` };
+    if (NOT_HEADER_TEXT.test(v)) return { bad: `${field} must not contain \\\\u0000 or a lone surrogate` };
     if (Buffer.byteLength(v) > FIELD_MAX) return { bad: `${field} is too long` };
     key[field] = v;
   }
@@ -187,8 +188,15 @@ const cases = [
   ['dup-cpu', B(body('', undefined, undefined, '1,"cpu":2'))],
   ['dup-top-level-other', B(`{"x":1,"x":2,"dequeuedMessage":${dmText()}}`)],
   ['nul-in-friendlyId', B(body('', '"A\\u0000B"'))],
+  ['nul-at-end-of-friendlyId', B(body('', '"deployment_a\\u0000"'))],
+  ['lone-surrogate-in-friendlyId', B(body('', '"deployment_\\ud800"'))],
+  ['lone-surrogate-in-version', B(body('', undefined, '"v\\udfff"'))],
+  ['pair-in-friendlyId', B(body('', '"deployment_\\ud83d\\ude00"'))],
   ['escape-in-friendlyId', B(body('', '"deployment_\\u0061"'))],
   ['escape-in-version', B(body('', undefined, '"1\\/2"'))],
+  ['quote-backslash-tab-in-friendlyId', B(body('', '"deployment_q\\"uote\\\\back\\tslash"'))],
+  ['escaped-friendlyId-too-long', B(body('', `"${'\\u0078'.repeat(FIELD_MAX + 1)}"`))],
+  ['escaped-friendlyId-longest', B(body('', `"${'\\u0078'.repeat(FIELD_MAX)}"`))],
   ['nul-in-dm-name', B(`{"dequeuedMessage\\u0000x":${dmText()}}`)],
   ['nul-in-dm-name-and-real', B(`{"dequeuedMessage\\u0000x":${dmText('', '"B"')},"dequeuedMessage":${dmText('', '"A"')}}`)],
   // the key rules
