@@ -584,7 +584,7 @@ static const char *read_key(const reader *r, pl_message *m)
                       FIELD("deployment", "friendlyId") " must not contain \\\\u0000 or a lone surrogate",
                       FIELD("deployment", "friendlyId") " is too long");
     if (err == NULL)
-        err = read_string(ver, m->owned + (dep->type == T_ESCAPED ? dep->len : 0),
+        err = read_string(ver, dep->type == T_ESCAPED ? m->owned + dep->len : m->owned,
                           &k->version, &k->version_len,
                           FIELD("backgroundWorker", "version") " must be a non-empty string",
                           FIELD("backgroundWorker", "version") " must not contain \\\\u0000 or a lone surrogate",
