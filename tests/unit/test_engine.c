@@ -840,6 +840,7 @@ static void test_outcome_names(void)
 
 #define M_KEYS 6
 #define M_IDS 10
+#define M_WANT (M_IDS * M_KEYS + 2) /* settlements one step can cause */
 #define M_STEPS 4000
 
 /* Each model key, written two ways that must mean the same key. */
@@ -885,8 +886,9 @@ typedef struct {
     pl_order order;
     uint32_t max, per_key;
     uint64_t timeout;
-    /* per-key queues, oldest first; ids are unique among live waiters, so
-     * no queue holds more than M_IDS */
+    /* per-key queues, oldest first; ids are unique among the live waiters
+     * of one deployment, so no queue holds more than M_IDS (and all of
+     * them together at most M_IDS per deployment: M_WANT bounds both) */
     owner_t *q[M_KEYS][M_IDS];
     size_t n[M_KEYS];
     uint64_t total, settled[PL_OUTCOME__COUNT];
@@ -894,7 +896,7 @@ typedef struct {
     struct {
         owner_t *owner;
         pl_outcome outcome;
-    } want[M_IDS + 2];
+    } want[M_WANT];
     size_t nwant;
 } model;
 
@@ -1001,7 +1003,7 @@ static int by_owner(const void *a, const void *b)
 static void m_check(const model *m, const pl_engine *e, const void *payload,
                     unsigned variant)
 {
-    owner_t *got[LOG_MAX], *want[M_IDS + 2];
+    owner_t *got[LOG_MAX], *want[M_WANT];
     char dep[32], ver[32];
     size_t live = 0, keys = 0;
     uint64_t oldest = UINT64_MAX, dl = 0;

@@ -135,6 +135,7 @@ static void test_strict(void)
         CHECK(strstr(err, "not valid JSON") != NULL);
     }
     CHECK_EQ(parse(ok, &m, &err), 0);
+    pl_message_release(&m);
     /* key fields are read as JSON.parse reads them, escapes decoded, but
      * never to a NUL (a C reading ends there) or a lone surrogate */
     expect_invalid(DM("{\"deployment\":{\"friendlyId\":\"A\\u0000B\"}}"),
@@ -170,11 +171,15 @@ static void test_strict(void)
 static int parse_nested(size_t extra, const char **err)
 {
     char *body = malloc(2 * extra + 256);
-    size_t n = (size_t)sprintf(body, "{\"dequeuedMessage\":{\"deployment\":{\"friendlyId\":\"d\"},"
-                                     "\"backgroundWorker\":{\"version\":\"v\"},"
-                                     "\"run\":{\"machine\":{\"cpu\":1,\"memory\":1}},\"a\":");
+    size_t n;
     pl_message m;
     int rc;
+
+    if (body == NULL)
+        return -1;
+    n = (size_t)sprintf(body, "{\"dequeuedMessage\":{\"deployment\":{\"friendlyId\":\"d\"},"
+                                     "\"backgroundWorker\":{\"version\":\"v\"},"
+                                     "\"run\":{\"machine\":{\"cpu\":1,\"memory\":1}},\"a\":");
 
     memset(body + n, '[', extra);
     memset(body + n + extra, ']', extra);
@@ -281,6 +286,7 @@ static void test_vectors(void)
                 CHECK(m.key.version_len == vl && memcmp(m.key.version, ver, vl) == 0);
                 CHECK(m.key.cpu == cpu && m.key.memory == mem);
                 CHECK(m.payload == body + off && m.payload_len == pl);
+                pl_message_release(&m);
             }
             free(dep);
             free(ver);
