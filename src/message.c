@@ -359,83 +359,92 @@ static int child(int at, const char *s, size_t len)
 
 static int value(reader *r, int at, found *f);
 
-static int object(reader *r, int at)
+/* Past '{' or '[': 1 when a member or element follows, 0 (past <close>)
+ * when the container is empty. */
+static int enter(reader *r, char close)
 {
-    uint32_t obj = r->nobj++;
-    found f;
-
     r->p++;
     skip_ws(r);
-    if (r->p < r->end && *r->p == '}') {
+    if (r->p < r->end && *r->p == close) {
         r->p++;
         return 0;
     }
-    for (;;) {
-        const char *raw, *s;
-        size_t raw_len, len;
-        int esc, to;
+    return 1;
+}
 
-        if (r->p == r->end || *r->p != '"')
-            return fail(r, "expected a member name");
-        if (string(r, &raw, &raw_len, &esc) != 0)
-            return -1;
-        s = raw;
-        len = raw_len;
-        if (esc && (s = decode_name(r, raw, &len)) == NULL)
-            return -1;
-        if (remember(r, s, len, obj, raw, raw_len) != 0)
-            return -1;
-        skip_ws(r);
-        if (r->p == r->end || *r->p != ':')
-            return fail(r, "expected ':' after a member name");
+/* After a member or element: 1 when another follows (past the comma), 0
+ * past <close>, -1 for anything else. */
+static int more(reader *r, char close, const char *what)
+{
+    skip_ws(r);
+    if (r->p < r->end && *r->p == ',') {
         r->p++;
         skip_ws(r);
-        to = at == AT_OTHER ? AT_OTHER : child(at, s, len);
-        if (value(r, to, &f) != 0)
-            return -1;
-        if (to == AT_DM)
-            r->dm = f;
-        else if (to >= AT_FRIENDLY_ID)
-            r->field[to - AT_FRIENDLY_ID] = f;
-        skip_ws(r);
-        if (r->p < r->end && *r->p == ',') {
-            r->p++;
-            skip_ws(r);
-            continue;
-        }
-        if (r->p < r->end && *r->p == '}') {
-            r->p++;
-            return 0;
-        }
-        return fail(r, "expected ',' or '}' in an object");
+        return 1;
     }
+    if (r->p < r->end && *r->p == close) {
+        r->p++;
+        return 0;
+    }
+    return fail(r, what);
+}
+
+static int member(reader *r, int at, uint32_t obj)
+{
+    const char *raw, *s;
+    size_t raw_len, len;
+    int esc, to;
+    found f;
+
+    if (r->p == r->end || *r->p != '"')
+        return fail(r, "expected a member name");
+    if (string(r, &raw, &raw_len, &esc) != 0)
+        return -1;
+    s = raw;
+    len = raw_len;
+    if (esc && (s = decode_name(r, raw, &len)) == NULL)
+        return -1;
+    if (remember(r, s, len, obj, raw, raw_len) != 0)
+        return -1;
+    skip_ws(r);
+    if (r->p == r->end || *r->p != ':')
+        return fail(r, "expected ':' after a member name");
+    r->p++;
+    skip_ws(r);
+    to = at == AT_OTHER ? AT_OTHER : child(at, s, len);
+    if (value(r, to, &f) != 0)
+        return -1;
+    if (to == AT_DM)
+        r->dm = f;
+    else if (to >= AT_FRIENDLY_ID)
+        r->field[to - AT_FRIENDLY_ID] = f;
+    return 0;
+}
+
+static int object(reader *r, int at)
+{
+    uint32_t obj = r->nobj++;
+    int rc = enter(r, '}');
+
+    while (rc == 1) {
+        if (member(r, at, obj) != 0)
+            return -1;
+        rc = more(r, '}', "expected ',' or '}' in an object");
+    }
+    return rc;
 }
 
 static int array(reader *r)
 {
     found f;
+    int rc = enter(r, ']');
 
-    r->p++;
-    skip_ws(r);
-    if (r->p < r->end && *r->p == ']') {
-        r->p++;
-        return 0;
-    }
-    for (;;) {
+    while (rc == 1) {
         if (value(r, AT_OTHER, &f) != 0)
             return -1;
-        skip_ws(r);
-        if (r->p < r->end && *r->p == ',') {
-            r->p++;
-            skip_ws(r);
-            continue;
-        }
-        if (r->p < r->end && *r->p == ']') {
-            r->p++;
-            return 0;
-        }
-        return fail(r, "expected ',' or ']' in an array");
+        rc = more(r, ']', "expected ',' or ']' in an array");
     }
+    return rc;
 }
 
 /* RFC 8259 section 6: no leading zero, no bare or trailing dot, no '+'. */
