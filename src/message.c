@@ -139,6 +139,18 @@ static int hex4(const char *p, unsigned *out)
     return 0;
 }
 
+/* 1 for a byte a string holds as it is: printable ASCII but '"' and '\\'.
+ * (One load per byte: most of a body is string bytes.) */
+#define ROW(x) x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x
+static const unsigned char plain[256] = {
+    ROW(0), ROW(0),                                 /* 0x00-0x1f */
+    1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, /* 0x20-0x2f: '"' */
+    ROW(1), ROW(1),                                 /* 0x30-0x4f */
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, /* 0x50-0x5f: '\\' */
+    ROW(1), ROW(1),                                 /* 0x60-0x7f; the rest 0 */
+};
+#undef ROW
+
 /* <r->p> is at an opening quote. Validates the string and moves past its
  * closing quote; <s>,<len> are the bytes between the quotes, *esc is set
  * when they hold an escape. */
@@ -153,8 +165,7 @@ static int string(reader *r, const char **s, size_t *len, int *esc)
         unsigned char c;
         int n;
 
-        while (p < end && (unsigned char)*p >= 0x20 && (unsigned char)*p < 0x80 &&
-               *p != '"' && *p != '\\')
+        while (p < end && plain[(unsigned char)*p])
             p++;
         r->p = p;
         if (p == end)
