@@ -142,6 +142,14 @@ static int key_is(const owner *o, const pl_key *k)
            o->cpu == k->cpu && o->memory == k->memory;
 }
 
+/* A poll replaces an older one of the same controller id and deployment
+ * (another tenant's poll with the same id stays). */
+static int same_controller(const owner *a, const owner *b)
+{
+    return a->id_len == b->id_len && memcmp(a->id, b->id, a->id_len) == 0 &&
+           a->dep_len == b->dep_len && memcmp(a->dep, b->dep, a->dep_len) == 0;
+}
+
 static int same_key(const owner *a, const owner *b)
 {
     pl_key k = {b->dep, b->dep_len, b->ver, b->ver_len, b->cpu, b->memory};
@@ -212,7 +220,7 @@ static int on_settle(void *p, pl_outcome outcome, const void *arg)
         break;
     case PL_OUTCOME_REPLACED:
         CHECK(S.op == OP_PARK && o != S.parking && o->state == O_PARKED && arg == NULL);
-        CHECK(o->id_len == S.parking->id_len && memcmp(o->id, S.parking->id, o->id_len) == 0);
+        CHECK(same_controller(o, S.parking));
         break;
     case PL_OUTCOME_SHUTDOWN:
         CHECK(S.op == OP_DRAIN && o->state == O_PARKED && arg == NULL);
@@ -396,7 +404,7 @@ static void handle_park(const pl_request *req, uint8_t refuse_mask, uint8_t unac
         owner *q = &S.owners[i];
         if (q->state != O_PARKED)
             continue;
-        if (q->id_len == o->id_len && memcmp(q->id, o->id, o->id_len) == 0) {
+        if (same_controller(q, o)) {
             CHECK(old == NULL);
             old = q;
         }
