@@ -645,6 +645,24 @@ static void on_connection(uv_stream_t *server, int status)
 
 /* ---- the server ---- */
 
+void pl_http_set_limits(pl_http *h, const pl_http_limits *limits)
+{
+    h->limits = *limits;
+    h->timeouts[TL_REQUEST] = limits->header_timeout_ms;
+    h->timeouts[TL_IDLE] = limits->idle_timeout_ms;
+    h->timeouts[TL_LINGER] = LINGER_MS;
+    h->h1_limits.max_header_bytes = limits->max_header_bytes;
+    h->h1_limits.max_url_bytes = limits->max_url_bytes;
+    h->h1_limits.max_body_bytes = limits->max_body_bytes;
+    /* Room for two answers carrying a largest payload each. */
+    h->max_queued = 2 * (size_t)limits->max_body_bytes + 65536;
+    /* Every member of a list gets the list's new timeout: the lists stay
+     * sorted, only the timer may now be due earlier. */
+    for (int i = TL_REQUEST; i <= TL_LINGER; i++)
+        if (h->lists[i].head)
+            timer_arm(h, h->lists[i].head->since + h->timeouts[i]);
+}
+
 pl_http *pl_http_new(uv_loop_t *loop, const pl_http_limits *limits,
                      const pl_http_callbacks *cb, void *app)
 {
@@ -654,17 +672,9 @@ pl_http *pl_http_new(uv_loop_t *loop, const pl_http_limits *limits,
         return NULL;
     memset(h, 0, offsetof(pl_http, readbuf));
     h->loop = loop;
-    h->limits = *limits;
     h->cb = *cb;
     h->app = app;
-    h->timeouts[TL_REQUEST] = limits->header_timeout_ms;
-    h->timeouts[TL_IDLE] = limits->idle_timeout_ms;
-    h->timeouts[TL_LINGER] = LINGER_MS;
-    h->h1_limits.max_header_bytes = limits->max_header_bytes;
-    h->h1_limits.max_url_bytes = limits->max_url_bytes;
-    h->h1_limits.max_body_bytes = limits->max_body_bytes;
-    /* Room for two answers carrying a largest payload each. */
-    h->max_queued = 2 * (size_t)limits->max_body_bytes + 65536;
+    pl_http_set_limits(h, limits);
     uv_timer_init(loop, &h->timer);
     uv_idle_init(loop, &h->resume);
     uv_tcp_init(loop, &h->listener);

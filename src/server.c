@@ -1,32 +1,39 @@
-/* server.c -- runs the loop: listen, serve, and drain on SIGTERM/SIGINT. */
+/* server.c -- runs the loop: listen, serve, reload on SIGHUP, and drain on
+ * SIGTERM/SIGINT. */
 #include <signal.h>
+#include <sys/resource.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "pilotlight/broker.h"
 #include "pilotlight/http.h"
 #include "pilotlight/log.h"
+#include "pilotlight/mem.h"
 #include "pilotlight/server.h"
+
+enum { SERVING = 0, DELAYING, DRAINING, DONE };
 
 typedef struct {
     uv_loop_t loop;
-    const pl_config *cfg;
+    pl_config *cfg;
+    int argc;           /* what the configuration was loaded from, for reload */
+    char **argv, **envp;
     pl_broker *broker;
     pl_http *http;          /* controllers (and dispatch, unless split) */
     pl_http *dispatch_http; /* dispatch_listen, or NULL */
     int draining_https;     /* listeners not yet drained */
-    uv_signal_t sigterm, sigint;
+    uv_signal_t sigterm, sigint, sighup, sigusr2;
     uv_timer_t drain_timer; /* drain delay, then the shutdown deadline */
-    int phase;              /* 0 serving, 1 delaying, 2 draining, 3 done */
+    int phase;              /* SERVING, DELAYING, DRAINING, DONE */
 } server;
 
 static void on_drained(void *arg)
 {
     server *s = arg;
 
-    if (s->phase == 3 || --s->draining_https > 0)
+    if (s->phase == DONE || --s->draining_https > 0)
         return;
-    s->phase = 3;
+    s->phase = DONE;
     PL_LOG(PL_LOG_INFO, "drained", NULL);
     pl_http_stop(s->http);
     if (s->dispatch_http)
@@ -34,6 +41,8 @@ static void on_drained(void *arg)
     pl_broker_stop(s->broker);
     uv_close((uv_handle_t *)&s->sigterm, NULL);
     uv_close((uv_handle_t *)&s->sigint, NULL);
+    uv_close((uv_handle_t *)&s->sighup, NULL);
+    uv_close((uv_handle_t *)&s->sigusr2, NULL);
     uv_close((uv_handle_t *)&s->drain_timer, NULL);
 }
 
@@ -49,7 +58,7 @@ static void on_deadline(uv_timer_t *t)
 
 static void start_drain(server *s)
 {
-    s->phase = 2;
+    s->phase = DRAINING;
     pl_broker_close_parked(s->broker);
     uv_timer_start(&s->drain_timer, on_deadline, s->cfg->shutdown_timeout_ms, 0);
     s->draining_https = s->dispatch_http ? 2 : 1;
@@ -67,34 +76,126 @@ static void on_signal(uv_signal_t *sig, int signum)
 {
     server *s = sig->data;
 
-    if (s->phase != 0) {
-        if (s->phase < 3) {
-            PL_LOG(PL_LOG_WARN, "second signal: closing now", NULL);
-            on_deadline(&s->drain_timer);
-        }
+    if (s->phase == DONE)
+        return;
+    if (s->phase != SERVING) {
+        /* Whatever the phase: no new connection, none left open, exit. */
+        PL_LOG(PL_LOG_WARN, "second signal: closing now", NULL);
+        if (s->phase == DELAYING)
+            start_drain(s); /* closes the listeners and the parked polls */
+        on_deadline(&s->drain_timer);
         return;
     }
     PL_LOG(PL_LOG_INFO, "draining", "\"signal\":\"%s\"", signum == SIGTERM ? "SIGTERM" : "SIGINT");
     pl_broker_set_draining(s->broker);
     if (s->cfg->drain_delay_ms > 0) {
-        s->phase = 1;
+        s->phase = DELAYING;
         uv_timer_start(&s->drain_timer, on_delay_over, s->cfg->drain_delay_ms, 0);
     } else {
         start_drain(s);
     }
 }
 
+static pl_http_limits http_limits(const pl_config *cfg)
+{
+    pl_http_limits limits = {
+        .max_connections = cfg->max_connections,
+        .max_header_bytes = cfg->max_header_bytes,
+        .max_url_bytes = cfg->max_url_bytes,
+        .max_body_bytes = cfg->max_body_bytes,
+        .header_timeout_ms = cfg->header_timeout_ms,
+        .idle_timeout_ms = cfg->idle_timeout_ms,
+    };
+    return limits;
+}
+
+static void log_changed(const char *name, const char *value, void *arg)
+{
+    char esc[PL_CONFIG_STRING_MAX * 6 + 1];
+
+    (void)arg;
+    pl_log_escape(esc, sizeof(esc), value, strlen(value));
+    PL_LOG(PL_LOG_INFO, "setting changed", "\"name\":\"%s\",\"value\":\"%s\"", name, esc);
+}
+
+/* The settings a running process cannot take up: they stay as they were. */
+static void keep_fixed(const pl_config *cur, pl_config *next)
+{
+    if (memcmp(&cur->listen, &next->listen, sizeof(cur->listen)) != 0 ||
+        memcmp(&cur->dispatch_listen, &next->dispatch_listen, sizeof(cur->listen)) != 0)
+        PL_LOG(PL_LOG_WARN, "listen addresses cannot change live: kept (restart or upgrade "
+               "to change them)", NULL);
+    next->listen = cur->listen;
+    next->dispatch_listen = cur->dispatch_listen;
+}
+
+/* SIGHUP: the configuration is read again from where it came from at start
+ * (file, environment as it was, flags) and what can change live is taken
+ * up. A configuration that does not load changes nothing. */
+static void reload(server *s)
+{
+    pl_config *next = pl_malloc(sizeof(*next));
+    pl_config_action action;
+    struct rlimit rl;
+    char err[512];
+
+    if (next == NULL ||
+        pl_config_load(next, s->argc, s->argv, s->envp, &action, err, sizeof(err)) != 0) {
+        if (next == NULL)
+            snprintf(err, sizeof(err), "out of memory");
+        PL_LOG(PL_LOG_ERROR, "reload failed: configuration unchanged", "\"error\":\"%s\"", err);
+        pl_broker_count_reload_error(s->broker);
+        pl_free(next);
+        return;
+    }
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+        pl_config_fit_nofile(next, rl.rlim_cur);
+    keep_fixed(s->cfg, next);
+    if (pl_broker_reconfigure(s->broker, next) != 0) {
+        PL_LOG(PL_LOG_ERROR, "reload failed: configuration unchanged",
+               "\"error\":\"out of memory\"");
+        pl_free(next);
+        return;
+    }
+    pl_config_diff(s->cfg, next, log_changed, NULL);
+    memcpy(s->cfg, next, sizeof(*next));
+    pl_free(next);
+    pl_http_limits limits = http_limits(s->cfg);
+    pl_http_set_limits(s->http, &limits);
+    if (s->dispatch_http)
+        pl_http_set_limits(s->dispatch_http, &limits);
+    pl_log_threshold = (pl_log_level)s->cfg->log_level;
+    PL_LOG(PL_LOG_INFO, "reloaded", NULL);
+}
+
+static void on_sighup(uv_signal_t *sig, int signum)
+{
+    server *s = sig->data;
+
+    (void)signum;
+    if (s->phase != SERVING) {
+        PL_LOG(PL_LOG_WARN, "SIGHUP ignored: draining", NULL);
+        return;
+    }
+    reload(s);
+}
+
+static void on_sigusr2(uv_signal_t *sig, int signum)
+{
+    server *s = sig->data;
+
+    (void)signum;
+    if (s->phase != SERVING) {
+        PL_LOG(PL_LOG_WARN, "SIGUSR2 ignored: draining", NULL);
+        return;
+    }
+    PL_LOG(PL_LOG_WARN, "SIGUSR2 ignored: upgrade not available", NULL);
+}
+
 /* Opens one listener serving <serves> on <addr>. Returns it, or NULL. */
 static pl_http *open_listener(server *s, const pl_listen_addr *addr, unsigned serves)
 {
-    pl_http_limits limits = {
-        .max_connections = s->cfg->max_connections,
-        .max_header_bytes = s->cfg->max_header_bytes,
-        .max_url_bytes = s->cfg->max_url_bytes,
-        .max_body_bytes = s->cfg->max_body_bytes,
-        .header_timeout_ms = s->cfg->header_timeout_ms,
-        .idle_timeout_ms = s->cfg->idle_timeout_ms,
-    };
+    pl_http_limits limits = http_limits(s->cfg);
     pl_http_callbacks cb = {
         .on_request = pl_broker_on_request,
         .on_close = pl_broker_on_close,
@@ -148,10 +249,15 @@ static int start(server *s)
            pl_conn_size(), pl_engine_waiter_size(0));
     uv_signal_init(&s->loop, &s->sigterm);
     uv_signal_init(&s->loop, &s->sigint);
+    uv_signal_init(&s->loop, &s->sighup);
+    uv_signal_init(&s->loop, &s->sigusr2);
     uv_timer_init(&s->loop, &s->drain_timer);
-    s->sigterm.data = s->sigint.data = s->drain_timer.data = s;
+    s->sigterm.data = s->sigint.data = s->sighup.data = s->sigusr2.data = s;
+    s->drain_timer.data = s;
     uv_signal_start(&s->sigterm, on_signal, SIGTERM);
     uv_signal_start(&s->sigint, on_signal, SIGINT);
+    uv_signal_start(&s->sighup, on_sighup, SIGHUP);
+    uv_signal_start(&s->sigusr2, on_sigusr2, SIGUSR2);
     return 0;
 }
 
@@ -162,13 +268,16 @@ static void close_any(uv_handle_t *h, void *arg)
         uv_close(h, NULL);
 }
 
-int pl_server_run(const pl_config *cfg)
+int pl_server_run(pl_config *cfg, int argc, char **argv, char **envp)
 {
     server s;
     int rc;
 
     memset(&s, 0, sizeof(s));
     s.cfg = cfg;
+    s.argc = argc;
+    s.argv = argv;
+    s.envp = envp;
     if (uv_loop_init(&s.loop) != 0)
         return 1;
     rc = start(&s);

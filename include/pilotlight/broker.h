@@ -33,6 +33,16 @@ void pl_broker_on_request(void *b, pl_conn *c, const pl_request *req);
 void pl_broker_on_close(void *b, pl_conn *c);
 void pl_broker_on_response(void *b, unsigned tag, int status);
 
+/* Takes up <next> (a live reload): caps, order and park timeout, token
+ * mode and secrets (a new verifier, so a dropped secret's cached tokens go
+ * too), what /connect serves. Everything else the broker reads from its
+ * cfg at each use, so the caller then copies <next> over that cfg. Returns
+ * 0, or -1 when out of memory (nothing changed). Counts the reload. */
+int pl_broker_reconfigure(pl_broker *b, const pl_config *next);
+
+/* Counts a reload that failed before reaching the broker (a bad file). */
+void pl_broker_count_reload_error(pl_broker *b);
+
 /* /readyz answers 503 from now on. */
 void pl_broker_set_draining(pl_broker *b);
 

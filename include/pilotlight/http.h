@@ -45,6 +45,10 @@ typedef struct {
 pl_http *pl_http_new(uv_loop_t *loop, const pl_http_limits *limits,
                      const pl_http_callbacks *cb, void *app);
 
+/* Replaces the limits (a live reload). Size limits apply to requests parsed
+ * from now on; the new timeouts to every connection waiting now. */
+void pl_http_set_limits(pl_http *h, const pl_http_limits *limits);
+
 /* Listens on host:port. Returns 0 and sets *bound_port, or a negative libuv
  * error. */
 int pl_http_listen(pl_http *h, const char *host, uint16_t port,
