@@ -658,6 +658,61 @@ void pl_broker_on_response(void *app, unsigned tag, int status)
         pl_metrics_count_http(&b->metrics, (pl_route)tag, status);
 }
 
+/* ---- a binary upgrade ---- */
+
+typedef struct {
+    void (*fn)(pl_conn *c, const pl_waiter_info *info, void *arg);
+    void *arg;
+} each_parked;
+
+static void parked_one(const pl_waiter_info *info, void *arg)
+{
+    each_parked *ep = arg;
+
+    ep->fn(info->owner, info, ep->arg);
+}
+
+void pl_broker_each_parked(pl_broker *b,
+                           void (*fn)(pl_conn *c, const pl_waiter_info *info, void *arg),
+                           void *arg)
+{
+    each_parked ep = {fn, arg};
+
+    pl_engine_each_waiter(b->engine, parked_one, &ep);
+}
+
+const pl_config *pl_broker_config(const pl_broker *b)
+{
+    return b->cfg;
+}
+
+unsigned pl_broker_conn_serves(const pl_conn *c)
+{
+    return ((const side *)pl_conn_app(c))->serves;
+}
+
+void pl_broker_hand_over(pl_broker *b, pl_waiter *w)
+{
+    pl_engine_settle(b->engine, w, PL_OUTCOME_HANDED_OVER);
+}
+
+int pl_broker_adopt(pl_broker *b, pl_conn *c, const pl_key *key, const char *id,
+                    size_t id_len, uint64_t age_ms)
+{
+    uint64_t now = uv_now(b->loop);
+    pl_waiter *w;
+    int rc = pl_engine_adopt(b->engine, key, id, id_len, c,
+                             now > age_ms ? now - age_ms : 0, &w);
+
+    if (rc != 0)
+        return rc;
+    pl_conn_set_data(c, w, DATA_WAITER);
+    pl_conn_set_tag(c, PL_ROUTE_PARK);
+    if (!uv_is_active((uv_handle_t *)&b->timer))
+        timer_arm(b);
+    return 0;
+}
+
 void pl_broker_set_draining(pl_broker *b)
 {
     b->draining = 1;

@@ -95,6 +95,9 @@ static const setting settings[] = {
     U64(drain_delay_ms, 0, DAY_MS, "0",
         "on SIGTERM, how long /readyz answers 503 before the listener closes"),
     CHOICE(log_level, level_names, "info", "error, warn, info or debug"),
+    STRING(upgrade_binary, T_STRING, "",
+           "SIGUSR2 starts this program to take over the sockets (empty = this "
+           "binary's own path, as resolved at start)"),
 };
 
 #define NSETTINGS (sizeof(settings) / sizeof(settings[0]))

@@ -1,15 +1,21 @@
-/* server.c -- runs the loop: listen, serve, reload on SIGHUP, and drain on
- * SIGTERM/SIGINT. */
+/* server.c -- runs the loop: listen, serve, reload on SIGHUP, upgrade on
+ * SIGUSR2, and drain on SIGTERM/SIGINT. */
 #include <signal.h>
 #include <sys/resource.h>
 #include <stdio.h>
 #include <string.h>
 
+#include <limits.h>
+#include <stdlib.h>
+#include <unistd.h>
+
 #include "pilotlight/broker.h"
+#include "pilotlight/handover.h"
 #include "pilotlight/http.h"
 #include "pilotlight/log.h"
 #include "pilotlight/mem.h"
 #include "pilotlight/server.h"
+#include "pilotlight/upgrade.h"
 
 enum { SERVING = 0, DELAYING, DRAINING, DONE };
 
@@ -22,6 +28,9 @@ typedef struct {
     pl_http *http;          /* controllers (and dispatch, unless split) */
     pl_http *dispatch_http; /* dispatch_listen, or NULL */
     int draining_https;     /* listeners not yet drained */
+    unsigned serves[2];     /* PL_SERVE_* of http and dispatch_http */
+    pl_upgrade *up;         /* a binary upgrade in progress, or NULL */
+    char exe[PATH_MAX];     /* this binary, as resolved at start */
     uv_signal_t sigterm, sigint, sighup, sigusr2;
     uv_timer_t drain_timer; /* drain delay, then the shutdown deadline */
     int phase;              /* SERVING, DELAYING, DRAINING, DONE */
@@ -78,6 +87,8 @@ static void on_signal(uv_signal_t *sig, int signum)
 
     if (s->phase == DONE)
         return;
+    if (s->up != NULL)
+        pl_upgrade_abort(s->up, signum == SIGTERM ? "SIGTERM came first" : "SIGINT came first");
     if (s->phase != SERVING) {
         /* Whatever the phase: no new connection, none left open, exit. */
         PL_LOG(PL_LOG_WARN, "second signal: closing now", NULL);
@@ -177,7 +188,26 @@ static void on_sighup(uv_signal_t *sig, int signum)
         PL_LOG(PL_LOG_WARN, "SIGHUP ignored: draining", NULL);
         return;
     }
+    if (s->up != NULL) {
+        PL_LOG(PL_LOG_WARN, "SIGHUP ignored: an upgrade is in progress", NULL);
+        return;
+    }
     reload(s);
+}
+
+/* The new process took over, or did not (then nothing changed here). */
+static void on_upgrade_done(void *arg, int ok)
+{
+    server *s = arg;
+
+    s->up = NULL;
+    if (!ok || s->phase != SERVING)
+        return;
+    /* It serves already: stop accepting and finish what is in progress,
+     * with no drain delay (nothing needs to be taken out of rotation). */
+    PL_LOG(PL_LOG_INFO, "draining", "\"signal\":\"SIGUSR2\"");
+    pl_broker_set_draining(s->broker);
+    start_drain(s);
 }
 
 static void on_sigusr2(uv_signal_t *sig, int signum)
@@ -189,11 +219,27 @@ static void on_sigusr2(uv_signal_t *sig, int signum)
         PL_LOG(PL_LOG_WARN, "SIGUSR2 ignored: draining", NULL);
         return;
     }
-    PL_LOG(PL_LOG_WARN, "SIGUSR2 ignored: upgrade not available", NULL);
+    if (s->up != NULL) {
+        PL_LOG(PL_LOG_WARN, "SIGUSR2 ignored: an upgrade is in progress", NULL);
+        return;
+    }
+    pl_upgrade_opts o = {
+        .loop = &s->loop,
+        .broker = s->broker,
+        .https = {s->http, s->dispatch_http},
+        .serves = {s->serves[0], s->serves[1]},
+        .program = s->cfg->upgrade_binary[0] ? s->cfg->upgrade_binary : s->exe,
+        .argv = s->argv,
+        .envp = s->envp,
+        .done = on_upgrade_done,
+        .arg = s,
+    };
+    s->up = pl_upgrade_start(&o);
 }
 
-/* Opens one listener serving <serves> on <addr>. Returns it, or NULL. */
-static pl_http *open_listener(server *s, const pl_listen_addr *addr, unsigned serves)
+/* A server context for one listener serving <serves>, not yet listening.
+ * Returns it, or NULL. */
+static pl_http *new_http(server *s, unsigned serves)
 {
     pl_http_limits limits = http_limits(s->cfg);
     pl_http_callbacks cb = {
@@ -201,49 +247,88 @@ static pl_http *open_listener(server *s, const pl_listen_addr *addr, unsigned se
         .on_close = pl_broker_on_close,
         .on_response = pl_broker_on_response,
     };
-    const char *role = serves == PL_SERVE_DISPATCH ? "dispatch"
-                       : serves == PL_SERVE_CONTROLLERS ? "controllers" : "all";
     pl_http *h = pl_http_new(&s->loop, &limits, &cb, pl_broker_side(s->broker, serves));
-    uint16_t port;
-    int rc;
 
     if (h == NULL) {
         PL_LOG(PL_LOG_ERROR, "out of memory at start", NULL);
         return NULL;
     }
     pl_broker_attach(s->broker, h);
-    rc = pl_http_listen(h, addr->host, addr->port, &port);
+    return h;
+}
+
+/* Listens with <h> on <addr>. Returns 0, or -1 (logged). */
+static int listen_on(pl_http *h, const pl_listen_addr *addr, unsigned serves)
+{
+    const char *role = serves == PL_SERVE_DISPATCH ? "dispatch"
+                       : serves == PL_SERVE_CONTROLLERS ? "controllers" : "all";
+    uint16_t port;
+    int rc = pl_http_listen(h, addr->host, addr->port, &port);
+
     if (rc != 0) {
         PL_LOG(PL_LOG_ERROR, "cannot listen", "\"host\":\"%s\",\"port\":%u,\"error\":\"%s\"",
                addr->host, addr->port, uv_strerror(rc));
         pl_http_stop(h);
-        return h; /* freed with the others at exit */
+        return -1;
     }
     PL_LOG(PL_LOG_INFO, "listening", strchr(addr->host, ':')
                ? "\"address\":\"[%s]:%u\",\"serves\":\"%s\",\"version\":\"" PL_VERSION "\""
                : "\"address\":\"%s:%u\",\"serves\":\"%s\",\"version\":\"" PL_VERSION "\"",
            addr->host, port, role);
-    return h;
+    return 0;
+}
+
+/* Takes over the sockets of the process that started this one (a binary
+ * upgrade: PL_HANDOVER_ENV names the descriptor). Returns 0 or -1. */
+static int adopt(server *s, const char *fdvar)
+{
+    pl_http *https[2] = {s->http, s->dispatch_http};
+    unsigned serves[2] = {s->serves[0], s->serves[1]};
+    char *end;
+    long fd = strtol(fdvar, &end, 10);
+
+    if (*end != '\0' || fd < 3 || fd > 65535) {
+        PL_LOG(PL_LOG_ERROR, "upgrade: bad " PL_HANDOVER_ENV, NULL);
+        return -1;
+    }
+    if (pl_upgrade_adopt((int)fd, s->broker, https, serves) == 0)
+        return 0;
+    /* Close what was adopted: without a byte written, so the old process,
+     * which still holds every socket, serves on as if nothing happened. */
+    for (int i = 0; i < 2; i++)
+        if (https[i] != NULL)
+            pl_http_close_all(https[i]);
+    return -1;
 }
 
 static int start(server *s)
 {
     const pl_config *cfg = s->cfg;
     int split = cfg->dispatch_listen.host[0] != '\0';
+    const char *fdvar = getenv(PL_HANDOVER_ENV);
+    ssize_t n = readlink("/proc/self/exe", s->exe, sizeof(s->exe) - 1);
 
+    /* Resolved now: a binary replaced on disk later leaves /proc/self/exe
+     * naming a deleted file, while this path names the new one. */
+    s->exe[n > 0 ? n : 0] = '\0';
     s->broker = pl_broker_new(&s->loop, cfg);
     if (s->broker == NULL) {
         PL_LOG(PL_LOG_ERROR, "out of memory at start", NULL);
         return -1;
     }
-    s->http = open_listener(s, &cfg->listen, split ? PL_SERVE_CONTROLLERS
-                                                   : PL_SERVE_CONTROLLERS | PL_SERVE_DISPATCH);
-    if (s->http == NULL || !pl_http_listening(s->http))
+    s->serves[0] = split ? PL_SERVE_CONTROLLERS : PL_SERVE_CONTROLLERS | PL_SERVE_DISPATCH;
+    s->serves[1] = PL_SERVE_DISPATCH;
+    s->http = new_http(s, s->serves[0]);
+    if (s->http == NULL || (split && (s->dispatch_http = new_http(s, s->serves[1])) == NULL))
         return -1;
-    if (split) {
-        s->dispatch_http = open_listener(s, &cfg->dispatch_listen, PL_SERVE_DISPATCH);
-        if (s->dispatch_http == NULL || !pl_http_listening(s->dispatch_http))
+    if (fdvar != NULL) {
+        if (adopt(s, fdvar) != 0)
             return -1;
+    } else {
+        if (listen_on(s->http, &cfg->listen, s->serves[0]) != 0 ||
+            (split && listen_on(s->dispatch_http, &cfg->dispatch_listen, s->serves[1]) != 0))
+            return -1;
+        pl_handover_notify("READY=1");
     }
     PL_LOG(PL_LOG_DEBUG, "sizes", "\"connection_bytes\":%zu,\"waiter_bytes\":%zu",
            pl_conn_size(), pl_engine_waiter_size(0));

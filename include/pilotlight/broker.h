@@ -43,6 +43,30 @@ int pl_broker_reconfigure(pl_broker *b, const pl_config *next);
 /* Counts a reload that failed before reaching the broker (a bad file). */
 void pl_broker_count_reload_error(pl_broker *b);
 
+/* Calls <fn> for every parked poll (not one whose delivery awaits its
+ * confirmation), oldest first, with its connection. <fn> must not change
+ * the broker. */
+void pl_broker_each_parked(pl_broker *b,
+                           void (*fn)(pl_conn *c, const pl_waiter_info *info, void *arg),
+                           void *arg);
+
+/* The configuration the broker serves. */
+const pl_config *pl_broker_config(const pl_broker *b);
+
+/* PL_SERVE_* of the listener <c> came in on. */
+unsigned pl_broker_conn_serves(const pl_conn *c);
+
+/* Settles the parked poll <w> as handed over to a new process: its
+ * connection is closed here without a word (the new process holds the
+ * socket). */
+void pl_broker_hand_over(pl_broker *b, pl_waiter *w);
+
+/* Parks the poll of the adopted connection <c> (pl_http_adopt), parked
+ * <age_ms> ago in the old process. Returns 0, or an engine error
+ * (PL_ENOMEM, PL_EINVAL, PL_EEXIST) with <c> left as it was. */
+int pl_broker_adopt(pl_broker *b, pl_conn *c, const pl_key *key, const char *id,
+                    size_t id_len, uint64_t age_ms);
+
 /* /readyz answers 503 from now on. */
 void pl_broker_set_draining(pl_broker *b);
 

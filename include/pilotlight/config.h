@@ -47,6 +47,7 @@ typedef struct {
     char dispatch_token[PL_CONFIG_STRING_MAX];    /* bearer for dispatch; "" = none */
     char token_secret_previous[PL_CONFIG_STRING_MAX];      /* rotation; never printed */
     char token_secret_previous_file[PL_CONFIG_STRING_MAX]; /* read into the above */
+    char upgrade_binary[PL_CONFIG_STRING_MAX];    /* SIGUSR2 runs it; "" = our own */
     int log_level;            /* pl_log_level */
 } pl_config;
 

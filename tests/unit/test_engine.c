@@ -1095,8 +1095,12 @@ static int model_run(uint64_t seed, pl_order order, uint32_t max,
                 for (int k = 0; k < M_KEYS; k++) {
                     if (pick < m.n[k]) {
                         owner_t *o = m.q[k][pick];
-                        m_remove(&m, k, pick, PL_OUTCOME_DISCONNECT);
-                        pl_engine_settle(e, o->w, PL_OUTCOME_DISCONNECT);
+                        /* a client leaving, or (an upgrade) its socket
+                         * handed to a new process: the same exit */
+                        pl_outcome oc = variant & 1 ? PL_OUTCOME_HANDED_OVER
+                                                    : PL_OUTCOME_DISCONNECT;
+                        m_remove(&m, k, pick, oc);
+                        pl_engine_settle(e, o->w, oc);
                         break;
                     }
                     pick -= m.n[k];
