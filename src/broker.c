@@ -713,6 +713,23 @@ int pl_broker_adopt(pl_broker *b, pl_conn *c, const pl_key *key, const char *id,
     return 0;
 }
 
+void pl_broker_log_ledger(const pl_broker *b)
+{
+    const pl_ledger *l = pl_engine_ledger(b->engine);
+    char settled[PL_OUTCOME__COUNT * 40], *p = settled;
+
+    if (PL_LOG_INFO > pl_log_threshold)
+        return;
+    for (int i = 0; i < PL_OUTCOME__COUNT; i++)
+        p += snprintf(p, sizeof(settled) - (size_t)(p - settled), "%s\"%s\":%llu",
+                      i ? "," : "", pl_outcome_name((pl_outcome)i),
+                      (unsigned long long)l->settled[i]);
+    PL_LOG(PL_LOG_INFO, "ledger",
+           "\"parked_total\":%llu,\"adopted\":%llu,\"parked_now\":%llu,\"settled\":{%s}",
+           (unsigned long long)l->parked_total, (unsigned long long)l->adopted,
+           (unsigned long long)l->parked_now, settled);
+}
+
 void pl_broker_set_draining(pl_broker *b)
 {
     b->draining = 1;

@@ -372,6 +372,8 @@ int pl_server_run(pl_config *cfg, int argc, char **argv, char **envp)
     uv_walk(&s.loop, close_any, NULL);
     uv_run(&s.loop, UV_RUN_DEFAULT);
     uv_loop_close(&s.loop);
+    if (s.broker != NULL)
+        pl_broker_log_ledger(s.broker);
     pl_http_free(s.http);
     pl_http_free(s.dispatch_http);
     pl_broker_free(s.broker);

@@ -237,6 +237,8 @@ static void on_hello(uv_poll_t *p, int status, int events)
     (void)events;
     uv_poll_stop(p);
     n = status < 0 ? status : pl_handover_recv(u->sock, hello, buf);
+    if (n == 0 && !u->exited)
+        return; /* closed: its exit (or the timer) tells why */
     if (n <= 0 || hello[0].type != PL_HO_HELLO) {
         finish(u, 0, "the new process closed its end before HELLO");
         return;

@@ -3,8 +3,6 @@ reload on SIGHUP (caps, log level, timeouts, tokens) that closes no parked
 poll, and token-secret rotation with a previous secret."""
 
 import json
-import os
-import select
 import signal
 import socket
 import threading
@@ -13,7 +11,7 @@ import time
 import pytest
 
 from conftest import (HOST, Conn, EX_VERSION, assert_ledger, get, key_of, make_message,
-                      poll_headers, request, scrape, wait_metrics)
+                      poll_headers, request)
 from test_scale import open_polls
 
 
@@ -42,18 +40,6 @@ def hup(s, msg="reloaded"):
     while len(logged(s, msg)) <= before:
         assert time.monotonic() < deadline, f"no {msg!r} after SIGHUP:\n{s.stderr()[-3000:]}"
         time.sleep(0.02)
-
-
-def silent(socks, seconds):
-    """True when none of <socks> is readable (no bytes, no close) for <seconds>."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        for i in range(0, len(socks), 500):
-            r, _, _ = select.select(socks[i:i + 500], [], [], 0)
-            if r:
-                return False
-        time.sleep(0.05)
-    return True
 
 
 def dispatch_body(k, run_id):
