@@ -321,17 +321,8 @@ static int start(server *s)
     s->http = new_http(s, s->serves[0]);
     if (s->http == NULL || (split && (s->dispatch_http = new_http(s, s->serves[1])) == NULL))
         return -1;
-    if (fdvar != NULL) {
-        if (adopt(s, fdvar) != 0)
-            return -1;
-    } else {
-        if (listen_on(s->http, &cfg->listen, s->serves[0]) != 0 ||
-            (split && listen_on(s->dispatch_http, &cfg->dispatch_listen, s->serves[1]) != 0))
-            return -1;
-        pl_handover_notify("READY=1");
-    }
-    PL_LOG(PL_LOG_DEBUG, "sizes", "\"connection_bytes\":%zu,\"waiter_bytes\":%zu",
-           pl_conn_size(), pl_engine_waiter_size(0));
+    /* Handled from before "listening" is said: a SIGHUP or SIGUSR2 sent as
+     * soon as the process is up must not kill it. */
     uv_signal_init(&s->loop, &s->sigterm);
     uv_signal_init(&s->loop, &s->sigint);
     uv_signal_init(&s->loop, &s->sighup);
@@ -343,6 +334,17 @@ static int start(server *s)
     uv_signal_start(&s->sigint, on_signal, SIGINT);
     uv_signal_start(&s->sighup, on_sighup, SIGHUP);
     uv_signal_start(&s->sigusr2, on_sigusr2, SIGUSR2);
+    if (fdvar != NULL) {
+        if (adopt(s, fdvar) != 0)
+            return -1;
+    } else {
+        if (listen_on(s->http, &cfg->listen, s->serves[0]) != 0 ||
+            (split && listen_on(s->dispatch_http, &cfg->dispatch_listen, s->serves[1]) != 0))
+            return -1;
+        pl_handover_notify("READY=1");
+    }
+    PL_LOG(PL_LOG_DEBUG, "sizes", "\"connection_bytes\":%zu,\"waiter_bytes\":%zu",
+           pl_conn_size(), pl_engine_waiter_size(0));
     return 0;
 }
 

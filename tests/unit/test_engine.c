@@ -1238,7 +1238,7 @@ static void test_hand_over_between_engines(void)
     pl_engine *old = engine(PL_ORDER_FIFO, 0, 0, 100), *neu = engine(PL_ORDER_FIFO, 0, 0, 100);
     owner_t a[5] = {{0}}, b[5] = {{0}};
     const pl_key *keys[5] = {&KA, &KB, &KA, &KC, &KA};
-    char id[16];
+    char id[32];
     collected c = {.n = 0};
     int payload = 7;
 
