@@ -719,7 +719,9 @@ int pl_conn_handover_fd(const pl_conn *c)
 {
     uv_os_fd_t fd;
 
+    /* Bytes still queued here would be lost with our descriptor. */
     if (c->closing || c->finishing || c->in.len > 0 || c->h1.in_msg ||
+        uv_stream_get_write_queue_size((const uv_stream_t *)&c->tcp) > 0 ||
         uv_fileno((const uv_handle_t *)&c->tcp, &fd) != 0)
         return -1;
     return fd;

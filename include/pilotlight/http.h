@@ -126,7 +126,7 @@ int pl_http_adopt_listener(pl_http *h, int fd, uint16_t *bound_port);
 int pl_http_listener_fd(const pl_http *h);
 
 /* <c>'s descriptor when it can be handed over whole (no request part-way
- * in, nothing buffered, not closing), else -1. */
+ * in, nothing buffered either way, not closing), else -1. */
 int pl_conn_handover_fd(const pl_conn *c);
 
 /* Whether <c>'s current request allows keep-alive. */
