@@ -290,6 +290,21 @@ static int index_waiter(pl_engine *e, pl_waiter *w, pl_entry *ent,
     return 0;
 }
 
+/* A waiter not yet in any list, or NULL when out of memory. */
+static pl_waiter *new_waiter(const char *id, size_t id_len, void *owner, uint64_t parked_at)
+{
+    pl_waiter *w = pl_malloc(pl_engine_waiter_size(id_len));
+
+    if (w == NULL)
+        return NULL;
+    memset(w, 0, sizeof(*w));
+    memcpy(w->id, id, id_len);
+    w->id[id_len] = '\0';
+    w->owner = owner;
+    w->parked_at = parked_at;
+    return w;
+}
+
 int pl_engine_park(pl_engine *e, const pl_key *key, const char *id,
                    size_t id_len, void *owner, uint64_t now, pl_waiter **out)
 {
@@ -302,14 +317,9 @@ int pl_engine_park(pl_engine *e, const pl_key *key, const char *id,
     *out = NULL;
     if (len == 0)
         return PL_EINVAL;
-    w = pl_malloc(pl_engine_waiter_size(id_len));
+    w = new_waiter(id, id_len, owner, now);
     if (w == NULL)
         return PL_ENOMEM;
-    memset(w, 0, sizeof(*w));
-    memcpy(w->id, id, id_len);
-    w->id[id_len] = '\0';
-    w->owner = owner;
-    w->parked_at = now;
 
     HASH_FIND(hh, e->by_id, id, id_len, old);
     ent = lookup(e, buf, len);
@@ -404,16 +414,12 @@ int pl_engine_adopt(pl_engine *e, const pl_key *key, const char *id, size_t id_l
     HASH_FIND(hh, e->by_id, id, id_len, old);
     if (old != NULL)
         return PL_EEXIST;
-    w = pl_malloc(pl_engine_waiter_size(id_len));
+    /* The time list stays sorted whatever order waiters arrive in. */
+    if (e->newest && e->newest->parked_at > parked_at)
+        parked_at = e->newest->parked_at;
+    w = new_waiter(id, id_len, owner, parked_at);
     if (w == NULL)
         return PL_ENOMEM;
-    memset(w, 0, sizeof(*w));
-    memcpy(w->id, id, id_len);
-    w->id[id_len] = '\0';
-    w->owner = owner;
-    /* The time list stays sorted whatever order waiters arrive in. */
-    w->parked_at = e->newest && e->newest->parked_at > parked_at ? e->newest->parked_at
-                                                                  : parked_at;
     if (index_waiter(e, w, lookup(e, buf, len), buf, len, id_len) != 0) {
         pl_free(w);
         return PL_ENOMEM;

@@ -80,6 +80,7 @@ static void conn_process_buffered(pl_conn *c);
 static void timer_arm(pl_http *h, uint64_t due);
 static void resume_cb(uv_idle_t *idle);
 static void respond_own(pl_conn *c, int status, const char *msg);
+static int start_listening(pl_http *h, uint16_t *bound_port);
 
 /* ---- timer lists ---- */
 
@@ -689,23 +690,13 @@ pl_conn *pl_http_adopt(pl_http *h, int fd, int parked, int keep_alive)
 
 int pl_http_adopt_listener(pl_http *h, int fd, uint16_t *bound_port)
 {
-    struct sockaddr_storage ss;
-    int len = sizeof(ss), rc;
+    int rc = uv_tcp_open(&h->listener, fd);
 
-    rc = uv_tcp_open(&h->listener, fd);
     if (rc != 0) {
         close(fd);
         return rc;
     }
-    rc = uv_listen((uv_stream_t *)&h->listener, 4096, on_connection);
-    if (rc == 0)
-        rc = uv_tcp_getsockname(&h->listener, (struct sockaddr *)&ss, &len);
-    if (rc != 0)
-        return rc;
-    h->listening = 1;
-    *bound_port = ntohs(ss.ss_family == AF_INET ? ((struct sockaddr_in *)&ss)->sin_port
-                                                : ((struct sockaddr_in6 *)&ss)->sin6_port);
-    return 0;
+    return start_listening(h, bound_port);
 }
 
 int pl_http_listener_fd(const pl_http *h)
@@ -784,18 +775,14 @@ pl_http *pl_http_new(uv_loop_t *loop, const pl_http_limits *limits,
     return h;
 }
 
-int pl_http_listen(pl_http *h, const char *host, uint16_t port,
-                   uint16_t *bound_port)
+/* The listener's socket is bound: accept on it. Returns 0 and sets
+ * *bound_port, or a negative libuv error. */
+static int start_listening(pl_http *h, uint16_t *bound_port)
 {
     struct sockaddr_storage ss;
-    int len = sizeof(ss), rc;
+    int len = sizeof(ss);
+    int rc = uv_listen((uv_stream_t *)&h->listener, 4096, on_connection);
 
-    if (uv_ip4_addr(host, port, (struct sockaddr_in *)&ss) != 0 &&
-        (rc = uv_ip6_addr(host, port, (struct sockaddr_in6 *)&ss)) != 0)
-        return rc;
-    rc = uv_tcp_bind(&h->listener, (const struct sockaddr *)&ss, 0);
-    if (rc == 0)
-        rc = uv_listen((uv_stream_t *)&h->listener, 4096, on_connection);
     if (rc == 0)
         rc = uv_tcp_getsockname(&h->listener, (struct sockaddr *)&ss, &len);
     if (rc != 0)
@@ -805,6 +792,19 @@ int pl_http_listen(pl_http *h, const char *host, uint16_t port,
                             ? ((struct sockaddr_in *)&ss)->sin_port
                             : ((struct sockaddr_in6 *)&ss)->sin6_port);
     return 0;
+}
+
+int pl_http_listen(pl_http *h, const char *host, uint16_t port,
+                   uint16_t *bound_port)
+{
+    struct sockaddr_storage ss;
+    int rc;
+
+    if (uv_ip4_addr(host, port, (struct sockaddr_in *)&ss) != 0 &&
+        (rc = uv_ip6_addr(host, port, (struct sockaddr_in6 *)&ss)) != 0)
+        return rc;
+    rc = uv_tcp_bind(&h->listener, (const struct sockaddr *)&ss, 0);
+    return rc != 0 ? rc : start_listening(h, bound_port);
 }
 
 static void close_listener(pl_http *h)

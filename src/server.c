@@ -1,13 +1,13 @@
 /* server.c -- runs the loop: listen, serve, reload on SIGHUP, upgrade on
  * SIGUSR2, and drain on SIGTERM/SIGINT. */
-#include <signal.h>
-#include <sys/resource.h>
-#include <stdio.h>
-#include <string.h>
-
 #include <limits.h>
+#include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
+
+#include <sys/resource.h>
 
 #include "pilotlight/broker.h"
 #include "pilotlight/handover.h"
@@ -179,20 +179,25 @@ static void reload(server *s)
     PL_LOG(PL_LOG_INFO, "reloaded", NULL);
 }
 
+/* SIGHUP and SIGUSR2 act only while serving with no upgrade under way;
+ * otherwise they are logged and ignored. Returns whether <sig> is. */
+static int ignored(const server *s, const char *sig)
+{
+    const char *why = s->phase != SERVING ? "draining"
+                      : s->up != NULL ? "an upgrade is in progress" : NULL;
+
+    if (why != NULL)
+        PL_LOG(PL_LOG_WARN, "signal ignored", "\"signal\":\"%s\",\"why\":\"%s\"", sig, why);
+    return why != NULL;
+}
+
 static void on_sighup(uv_signal_t *sig, int signum)
 {
     server *s = sig->data;
 
     (void)signum;
-    if (s->phase != SERVING) {
-        PL_LOG(PL_LOG_WARN, "SIGHUP ignored: draining", NULL);
-        return;
-    }
-    if (s->up != NULL) {
-        PL_LOG(PL_LOG_WARN, "SIGHUP ignored: an upgrade is in progress", NULL);
-        return;
-    }
-    reload(s);
+    if (!ignored(s, "SIGHUP"))
+        reload(s);
 }
 
 /* The new process took over, or did not (then nothing changed here). */
@@ -215,14 +220,8 @@ static void on_sigusr2(uv_signal_t *sig, int signum)
     server *s = sig->data;
 
     (void)signum;
-    if (s->phase != SERVING) {
-        PL_LOG(PL_LOG_WARN, "SIGUSR2 ignored: draining", NULL);
+    if (ignored(s, "SIGUSR2"))
         return;
-    }
-    if (s->up != NULL) {
-        PL_LOG(PL_LOG_WARN, "SIGUSR2 ignored: an upgrade is in progress", NULL);
-        return;
-    }
     pl_upgrade_opts o = {
         .loop = &s->loop,
         .broker = s->broker,
