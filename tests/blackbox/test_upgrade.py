@@ -12,6 +12,7 @@ import json
 import os
 import select
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -261,3 +262,27 @@ def test_sigterm_during_an_upgrade_aborts_it_and_drains(start_server, tmp_path):
     assert rec["error"] == "SIGTERM came first"
     assert not os.path.exists(f"/proc/{started['pid']}") or \
         open(f"/proc/{started['pid']}/stat").read().split()[2] == "Z"
+
+
+def test_service_manager_hears_ready_and_the_new_main_pid(start_server, subreaper, tmp_path):
+    """NOTIFY_SOCKET (systemd's Type=notify): READY=1 once listening; after an
+    upgrade the new process names itself MAINPID, then READY=1."""
+    path = str(tmp_path / "notify.sock")
+    ns = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    ns.bind(path)
+    ns.settimeout(60)
+    try:
+        s = start_server("--upgrade-binary", BIN, env={"NOTIFY_SOCKET": path})
+        assert ns.recv(4096) == b"READY=1"
+        p = s.park()
+        s.proc.send_signal(signal.SIGUSR2)
+        msg = ns.recv(4096).decode()
+        assert s.wait_exit(timeout=60) == 0
+        new = wait_logged(s, "upgrade: handed over")[-1]["pid"]
+        assert msg == f"MAINPID={new}\nREADY=1"
+        assert p.silent_for(0.1)
+        assert scrape(s.port).get("pilotlight_adopted_total") == 1
+        stop_adopted(s, new)
+        assert p.wait_closed(timeout=10) == b""  # the new process drains it
+    finally:
+        ns.close()
