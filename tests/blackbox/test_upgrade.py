@@ -286,3 +286,32 @@ def test_service_manager_hears_ready_and_the_new_main_pid(start_server, subreape
         assert p.wait_closed(timeout=10) == b""  # the new process drains it
     finally:
         ns.close()
+
+
+def test_upgrade_with_a_separate_dispatch_listener(start_server, subreaper):
+    from test_identity import dispatch_port_of
+    s = start_server("--upgrade-binary", BIN, "--dispatch-listen", f"{HOST}:0")
+    dport = dispatch_port_of(s)
+    before = scrape(dport).parked_total
+    c = Conn(s.port)
+    s.conns.append(c)
+    c.request("GET", "/warm-start", poll_headers(deployment="deployment_split"))
+    deadline = time.monotonic() + 20
+    while scrape(dport).parked_total < before + 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    s.proc.send_signal(signal.SIGUSR2)
+    assert s.wait_exit(timeout=60) == 0
+    new = wait_logged(s, "upgrade: handed over")[-1]["pid"]
+    adopted = wait_logged(s, "upgrade: adopted")[-1]
+    assert adopted["listeners"] == 2 and adopted["parked"] == 1
+    served = {r["serves"] for r in logged(s, "listening") if r.get("adopted")}
+    assert served == {"controllers", "dispatch"}
+    # each listener kept its role: dispatch only on the dispatch port
+    body = json.dumps({"dequeuedMessage": make_message(deployment="deployment_split")})
+    r = request(s.port, "POST", "/warm-start", {"Content-Type": "application/json"}, body)
+    assert r.status == 403
+    r = request(dport, "POST", "/warm-start", {"Content-Type": "application/json"}, body)
+    assert r.status == 200 and r.json() == {"didWarmStart": True}
+    assert c.read_response().status == 200
+    stop_adopted(s, new)
