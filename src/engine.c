@@ -100,6 +100,7 @@ const char *pl_outcome_name(pl_outcome o)
 {
     static const char *const names[PL_OUTCOME__COUNT] = {
         "matched", "timeout", "disconnect", "replaced", "shutdown", "rejected",
+        "handed_over",
     };
     return (unsigned)o < PL_OUTCOME__COUNT ? names[o] : "unknown";
 }
@@ -212,7 +213,7 @@ static int ledger_balanced(const pl_ledger *l)
 
     for (int i = 0; i < PL_OUTCOME__COUNT; i++)
         sum += l->settled[i];
-    return sum == l->parked_total;
+    return sum == l->parked_total + l->adopted;
 }
 
 /* The one exit of a waiter. <w> may be parked (linked) or not yet linked
@@ -289,6 +290,28 @@ static int index_waiter(pl_engine *e, pl_waiter *w, pl_entry *ent,
     return 0;
 }
 
+/* A waiter not yet in any list, or NULL when out of memory. Its id index
+ * key, *<idx_len> bytes at w->id, is the controller id, a NUL and <key>'s
+ * deployment. */
+static pl_waiter *new_waiter(const char *id, size_t id_len, const pl_key *key, void *owner,
+                             uint64_t parked_at, size_t *idx_len)
+{
+    pl_waiter *w;
+
+    *idx_len = id_len + 1 + key->deployment_len;
+    w = pl_malloc(pl_engine_waiter_size(*idx_len));
+    if (w == NULL)
+        return NULL;
+    memset(w, 0, sizeof(*w));
+    memcpy(w->id, id, id_len);
+    w->id[id_len] = '\0';
+    memcpy(w->id + id_len + 1, key->deployment, key->deployment_len);
+    w->id[*idx_len] = '\0';
+    w->owner = owner;
+    w->parked_at = parked_at;
+    return w;
+}
+
 int pl_engine_park(pl_engine *e, const pl_key *key, const char *id,
                    size_t id_len, void *owner, uint64_t now, pl_waiter **out)
 {
@@ -304,17 +327,9 @@ int pl_engine_park(pl_engine *e, const pl_key *key, const char *id,
     /* A poll replaces only its own controller's older poll: the same id
      * for the same deployment (a token-verified one when tokens are on).
      * Another tenant reusing the id parks beside it and ends nothing. */
-    idx_len = id_len + 1 + key->deployment_len;
-    w = pl_malloc(pl_engine_waiter_size(idx_len));
+    w = new_waiter(id, id_len, key, owner, now, &idx_len);
     if (w == NULL)
         return PL_ENOMEM;
-    memset(w, 0, sizeof(*w));
-    memcpy(w->id, id, id_len);
-    w->id[id_len] = '\0';
-    memcpy(w->id + id_len + 1, key->deployment, key->deployment_len);
-    w->id[idx_len] = '\0';
-    w->owner = owner;
-    w->parked_at = now;
 
     HASH_FIND(hh, e->by_id, w->id, idx_len, old);
     ent = lookup(e, buf, len);
@@ -389,4 +404,59 @@ void pl_engine_drain(pl_engine *e)
 {
     while (e->oldest != NULL)
         settle(e, e->oldest, PL_OUTCOME_SHUTDOWN, NULL, 1);
+}
+
+void pl_engine_set_opts(pl_engine *e, const pl_engine_opts *opts)
+{
+    e->opts = *opts;
+}
+
+int pl_engine_adopt(pl_engine *e, const pl_key *key, const char *id, size_t id_len,
+                    void *owner, uint64_t parked_at, pl_waiter **out)
+{
+    unsigned char buf[PL_KEY_ENCODED_MAX];
+    size_t len = pl_key_encode(key, buf);
+    pl_waiter *w, *old = NULL;
+    size_t idx_len;
+
+    *out = NULL;
+    if (len == 0)
+        return PL_EINVAL;
+    /* The time list stays sorted whatever order waiters arrive in. */
+    if (e->newest && e->newest->parked_at > parked_at)
+        parked_at = e->newest->parked_at;
+    w = new_waiter(id, id_len, key, owner, parked_at, &idx_len);
+    if (w == NULL)
+        return PL_ENOMEM;
+    HASH_FIND(hh, e->by_id, w->id, idx_len, old);
+    if (old != NULL) {
+        pl_free(w);
+        return PL_EEXIST;
+    }
+    if (index_waiter(e, w, lookup(e, buf, len), buf, len, idx_len) != 0) {
+        pl_free(w);
+        return PL_ENOMEM;
+    }
+    e->ledger.adopted++;
+    link_waiter(e, w);
+    *out = w;
+    return 0;
+}
+
+size_t pl_engine_each_waiter(const pl_engine *e,
+                             void (*fn)(const pl_waiter_info *info, void *arg), void *arg)
+{
+    size_t n = 0;
+
+    for (const pl_waiter *w = e->oldest; w != NULL; w = w->tnext, n++) {
+        pl_waiter_info info;
+        pl_key_decode(w->entry->keybytes, w->entry->keylen, &info.key);
+        info.id = w->id;
+        info.id_len = strlen(w->id);
+        info.parked_at = w->parked_at;
+        info.owner = w->owner;
+        info.w = (pl_waiter *)w;
+        fn(&info, arg);
+    }
+    return n;
 }

@@ -44,6 +44,9 @@ typedef struct {
     uint64_t connections_open;
     pl_histogram dispatch_seconds; /* dispatch request handling time */
     pl_histogram wait_seconds;     /* how long matched waiters were parked */
+    uint64_t token_secret[2];       /* valid tokens: current, previous secret */
+    uint64_t reloads[2];            /* SIGHUP reloads: ok, error */
+    uint64_t max_waiters, max_waiters_per_key, max_connections; /* in effect */
 } pl_metrics;
 
 void pl_metrics_init(pl_metrics *m);
