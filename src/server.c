@@ -99,6 +99,7 @@ static pl_http *open_listener(server *s, const pl_listen_addr *addr, unsigned se
         .on_request = pl_broker_on_request,
         .on_close = pl_broker_on_close,
         .on_response = pl_broker_on_response,
+        .on_acked = pl_broker_on_acked,
     };
     const char *role = serves == PL_SERVE_DISPATCH ? "dispatch"
                        : serves == PL_SERVE_CONTROLLERS ? "controllers" : "all";

@@ -32,6 +32,7 @@ void pl_broker_attach(pl_broker *b, const pl_http *h);
 void pl_broker_on_request(void *b, pl_conn *c, const pl_request *req);
 void pl_broker_on_close(void *b, pl_conn *c);
 void pl_broker_on_response(void *b, unsigned tag, int status);
+void pl_broker_on_acked(void *b, pl_conn *c);
 
 /* /readyz answers 503 from now on. */
 void pl_broker_set_draining(pl_broker *b);
