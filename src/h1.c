@@ -83,13 +83,12 @@ static int on_header_field(llhttp_t *p, const char *at, size_t len)
 
     if (count_head(h, len + 4) != 0) /* ": " and CRLF */
         return -1;
-    for (size_t i = 0; i < len; i++) {
-        if (h->hname_len >= sizeof(h->hname)) {
-            h->hname_len = sizeof(h->hname) + 1; /* too long to be one of ours */
-            break;
-        }
-        h->hname[h->hname_len++] = at[i];
+    if (h->hname_len + len > sizeof(h->hname)) {
+        h->hname_len = sizeof(h->hname) + 1; /* too long to be one of ours */
+        return 0;
     }
+    memcpy(h->hname + h->hname_len, at, len);
+    h->hname_len += (uint8_t)len;
     return 0;
 }
 
