@@ -222,7 +222,13 @@ def targets_floor(g, out):
     if w and c:
         rows.append(f"| `delivery = confirm` CPU per cycle ≤ 1.05 × `written` | {c:.1f} µs vs "
                     f"{w:.1f} µs = {c / w:.3f}× | {verdict(c <= 1.05 * w)} |")
-    name = next((s for s in ("pilotlight", "pilotlight-confirm", "pilotlight-written")
+    for st in settings_of(g, "cycle", "rate"):
+        rw, rc = g.get(("cycle", st, "pilotlight-written")), g.get(("cycle", st, "pilotlight-confirm"))
+        if rw and rc:
+            w, c = (Runs(r).median("server_cpu_us_per_cycle") for r in (rw, rc))
+            rows.append(f"| … the same at {st[4:]} cycles/s offered | {c:.1f} µs vs {w:.1f} µs "
+                        f"= {c / w:.3f}× | {verdict(c <= 1.05 * w)} |")
+    name = next((s for s in ("pilotlight", "pilotlight-written", "pilotlight-confirm")
                  if cpu(s)), "pilotlight")
     pl, fl, bun = cpu(name), cpu("floor"), cpu("bun-compiled")
     if pl and fl:
