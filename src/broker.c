@@ -375,29 +375,35 @@ static void confirm_fail(pl_broker *b, confirm *rec, uint64_t now, pl_confirm_ou
     }
 }
 
+/* An attempt that ran out of time while nobody else waits for the key goes
+ * on, up to the deadline: resetting it would gain nothing. Returns 1 when
+ * it does. */
+static int confirm_extend(pl_broker *b, confirm *rec, uint64_t now)
+{
+    uint64_t due = now + confirm_budget(b);
+
+    if (now >= rec->deadline || pl_engine_waiting(b->engine, &rec->msg.key) > 0)
+        return 0;
+    rec->due = due < rec->deadline ? due : rec->deadline;
+    return 1;
+}
+
 /* Looks at <rec> on a timer tick or as its controller closes (<closing>:
  * the socket is still open). A polled controller is asked each tick; any
- * controller is asked once more when its attempt ends. An attempt that
- * ends with nobody else waiting for the key goes on until the deadline. */
+ * other is asked once, before its connection would be reset. */
 static void confirm_check(pl_broker *b, confirm *rec, uint64_t now, int closing)
 {
     int state;
 
-    if (!rec->polling && now < rec->due && !closing)
+    if (!rec->polling && !closing && (now < rec->due || confirm_extend(b, rec, now)))
         return;
     state = pl_conn_acknowledged(rec->controller);
     if (state == 1) {
         confirm_acked(b, rec, PL_CONFIRM_BY_POLL);
         return;
     }
-    if (state == 0 && !closing && now < rec->due)
+    if (state == 0 && !closing && (now < rec->due || confirm_extend(b, rec, now)))
         return;
-    if (state == 0 && !closing && now < rec->deadline &&
-        pl_engine_waiting(b->engine, &rec->msg.key) == 0) {
-        rec->due = now + confirm_budget(b) < rec->deadline ? now + confirm_budget(b)
-                                                           : rec->deadline;
-        return;
-    }
     confirm_fail(b, rec, now, state < 0 || closing ? PL_CONFIRM_RESET : PL_CONFIRM_TIMEOUT);
 }
 

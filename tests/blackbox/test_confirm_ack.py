@@ -28,17 +28,15 @@ def methods(m):
 
 def test_ack_report_confirms_a_silent_controller(start_server):
     """A controller that reads its run and then says nothing: only the ACK
-    report (or polling) can confirm it; the report must be the one."""
+    report (or polling) can confirm it; the report must be the one. Each
+    waits alone for its key, so no attempt is cut short to try another."""
     srv = start_server("--delivery", "confirm")
     runs = 5
-    ctls = []
     for i in range(runs):
-        c = srv.park(controller_id=f"ctl_silent_{i}")
-        ctls.append(c)
-    for i in range(runs):
+        ctl = srv.park(controller_id=f"ctl_silent_{i}")
         msg = make_message(run_id=f"run_ack_{i}")
         assert srv.dispatch(msg) is True
-        assert read_payload(ctls[i]) == msg
+        assert read_payload(ctl) == msg
     m = srv.metrics()
     assert methods(m) == {"ack_event": runs, "poll_fallback": 0, "next_request": 0}, m.text
     assert m.get("pilotlight_confirm_total", outcome="acked") == runs, m.text
