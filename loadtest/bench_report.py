@@ -8,7 +8,8 @@ import json
 import statistics
 from collections import defaultdict
 
-SYSTEMS = ["machine", "pilotlight", "bun-compiled", "bun", "node", "nchan", "nginx-204"]
+SYSTEMS = ["machine", "pilotlight", "pilotlight-written", "pilotlight-confirm", "floor",
+           "bun-compiled", "bun", "node", "nchan", "nginx-204"]
 
 
 def get(rec, path):
@@ -210,6 +211,40 @@ def targets(g, out):
     out.append("")
 
 
+def targets_floor(g, out):
+    """Issue 10: confirm's cost over written, and pilotlight over the floor."""
+    def cpu(sys):
+        r = g.get(("cycle", "closed", sys))
+        return Runs(r).median("server_cpu_us_per_cycle") if r else None
+
+    rows = []
+    w, c = cpu("pilotlight-written"), cpu("pilotlight-confirm")
+    if w and c:
+        rows.append(f"| `delivery = confirm` CPU per cycle ≤ 1.05 × `written` | {c:.1f} µs vs "
+                    f"{w:.1f} µs = {c / w:.3f}× | {verdict(c <= 1.05 * w)} |")
+    for st in settings_of(g, "cycle", "rate"):
+        rw, rc = g.get(("cycle", st, "pilotlight-written")), g.get(("cycle", st, "pilotlight-confirm"))
+        if rw and rc:
+            w, c = (Runs(r).median("server_cpu_us_per_cycle") for r in (rw, rc))
+            rows.append(f"| … the same at {st[4:]} cycles/s offered | {c:.1f} µs vs {w:.1f} µs "
+                        f"= {c / w:.3f}× | {verdict(c <= 1.05 * w)} |")
+    name = next((s for s in ("pilotlight", "pilotlight-written", "pilotlight-confirm")
+                 if cpu(s)), "pilotlight")
+    pl, fl, bun = cpu(name), cpu("floor"), cpu("bun-compiled")
+    if pl and fl:
+        rows.append(f"| {name} CPU per cycle ≤ 1.15 × the floor (pl-floor) | {pl:.1f} µs vs "
+                    f"{fl:.1f} µs = {pl / fl:.2f}× | {verdict(pl <= 1.15 * fl)} |")
+    if pl and bun:
+        rows.append(f"| … and ≤ ½ of compiled Bun's | {pl:.1f} µs vs {bun:.1f} µs = "
+                    f"{pl / bun:.2f}× | {verdict(2 * pl <= bun)} |")
+    if rows:
+        out.append("## Targets (issue 10)\n")
+        out.append("| target | measured | verdict |")
+        out.append("|---|---|---|")
+        out.extend(rows)
+        out.append("")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("results")
@@ -238,6 +273,7 @@ def main():
         for setting in settings_of(g, scenario, prefix):
             table(g, scenario, setting, title, cols, headline, out)
     targets(g, out)
+    targets_floor(g, out)
     print("\n".join(out))
 
 

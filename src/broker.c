@@ -30,11 +30,19 @@ struct confirm {
     pl_waiter *w;          /* the engine's waiter, pending confirmation */
     pl_conn *controller;   /* holds DATA_CONFIRM -> this */
     pl_conn *dispatcher;   /* holds DATA_DISPATCH -> this; NULL once gone */
-    uint64_t deadline, start_ns, waited_ms;
-    int in_grace;
+    uint64_t deadline;     /* of the whole confirmation (loop ms) */
+    uint64_t due;          /* of this attempt (loop ms) */
+    uint64_t start_ns, sent_ns, waited_ms;
+    unsigned in_grace : 1;
+    unsigned polling : 1;  /* this controller gives no ACK reports */
     pl_message msg;        /* views into data[] */
     char data[];
 };
+
+/* An attempt lasts at least this long before the run moves on to another
+ * poll: above Linux's shortest delayed ACK (40 ms), so a live controller
+ * whose ACK was merely delayed is not reset. */
+#define CONFIRM_ATTEMPT_MIN_MS 50
 
 /* One listener's view of the broker: the <app> of its pl_http. */
 typedef struct {
@@ -50,8 +58,10 @@ struct pl_broker {
     pl_engine *engine;
     pl_token_verifier *verifier; /* NULL when token_mode is disabled */
     uv_timer_t timer;         /* the engine's next park timeout */
-    uv_timer_t confirm_timer; /* polls pending confirmations */
+    uv_timer_t confirm_timer; /* the next attempt due; 1 ms while polling */
+    uint64_t confirm_due;     /* when confirm_timer fires */
     confirm *confirms;
+    uint64_t ack_srtt_ns, ack_rttvar_ns; /* ACK times seen, as TCP's RTO */
     pl_conn *taken_conn;      /* set by on_settle for a pending delivery */
     pl_waiter *taken_waiter;
     pl_metrics metrics;
@@ -278,6 +288,8 @@ static void handle_park(pl_broker *b, pl_conn *c, const pl_request *req)
         reply_error(c, 400, "x-trigger-deployment-id or -version is empty or too long");
     } else if (rc == 0) {
         pl_conn_set_data(c, w, DATA_WAITER);
+        if (b->cfg->delivery == PL_DELIVERY_CONFIRM && pl_conn_watch_acks(c) != 0)
+            b->metrics.ack_events_refused++;
         pl_conn_detect_dead_peer(c, (unsigned)b->cfg->tcp_keepalive_idle_s,
                                  (unsigned)b->cfg->tcp_keepalive_interval_s,
                                  (unsigned)b->cfg->tcp_keepalive_count,
@@ -307,12 +319,55 @@ static void answer_dispatch(pl_broker *b, pl_conn *c, int hit,
 
 static void confirm_tick(uv_timer_t *t);
 
-/* Takes the pending delivery on_settle just left into <rec>. */
-static void confirm_attach(pl_broker *b, confirm *rec)
+/* Fires confirm_timer at <due> unless it fires sooner already; it may fire
+ * early (the record it was armed for settled), then re-arms. */
+static void confirm_arm(pl_broker *b, uint64_t due)
+{
+    uint64_t now = uv_now(b->loop);
+
+    if (uv_is_active((uv_handle_t *)&b->confirm_timer) && b->confirm_due <= due)
+        return;
+    b->confirm_due = due;
+    uv_timer_start(&b->confirm_timer, confirm_tick, due > now ? due - now : 0, 0);
+}
+
+/* How long one controller gets to acknowledge before the run may move on:
+ * what ACKs take here (mean + 4 deviations, as TCP's retransmit timer), but
+ * at least CONFIRM_ATTEMPT_MIN_MS. */
+static uint64_t confirm_budget(const pl_broker *b)
+{
+    uint64_t ms = (b->ack_srtt_ns + 4 * b->ack_rttvar_ns) / 1000000 + 1;
+
+    return ms > CONFIRM_ATTEMPT_MIN_MS ? ms : CONFIRM_ATTEMPT_MIN_MS;
+}
+
+static void confirm_learn(pl_broker *b, uint64_t ns)
+{
+    uint64_t d;
+
+    if (b->ack_srtt_ns == 0) {
+        b->ack_srtt_ns = ns;
+        b->ack_rttvar_ns = ns / 2;
+        return;
+    }
+    d = ns > b->ack_srtt_ns ? ns - b->ack_srtt_ns : b->ack_srtt_ns - ns;
+    b->ack_rttvar_ns = (3 * b->ack_rttvar_ns + d) / 4;
+    b->ack_srtt_ns = (7 * b->ack_srtt_ns + ns) / 8;
+}
+
+/* Takes the pending delivery on_settle just left into <rec>: a new attempt,
+ * watched by the controller's ACK report where it gives one. */
+static void confirm_attach(pl_broker *b, confirm *rec, uint64_t now)
 {
     rec->w = b->taken_waiter;
     rec->controller = b->taken_conn;
     pl_conn_set_data(rec->controller, rec, DATA_CONFIRM);
+    rec->sent_ns = uv_hrtime();
+    rec->polling = pl_conn_expect_ack(rec->controller) != 0;
+    rec->due = rec->in_grace ? rec->deadline : now + confirm_budget(b);
+    if (rec->due > rec->deadline)
+        rec->due = rec->deadline;
+    confirm_arm(b, rec->polling ? now + 1 : rec->due);
 }
 
 static void confirm_finish(pl_broker *b, confirm *rec, int delivered)
@@ -321,6 +376,8 @@ static void confirm_finish(pl_broker *b, confirm *rec, int delivered)
         pl_conn_set_data(rec->controller, NULL, 0);
         pl_engine_confirm(b->engine, rec->w, delivered);
     }
+    if (delivered)
+        b->metrics.confirm[PL_CONFIRM_ACKED]++;
     if (rec->dispatcher != NULL) {
         pl_conn_set_data(rec->dispatcher, NULL, 0);
         answer_dispatch(b, rec->dispatcher, delivered, rec->waited_ms, rec->start_ns);
@@ -338,22 +395,22 @@ static void confirm_finish(pl_broker *b, confirm *rec, int delivered)
     pl_free(rec);
 }
 
-/* Checks <rec>'s controller. Acknowledged: true. Failed, or unacknowledged
- * past the deadline: that controller is reset and counted a disconnect, and
- * the run goes to the key's next poll (after the deadline, one more poll
- * gets a short grace); with none, false. */
-static void confirm_check(pl_broker *b, confirm *rec, uint64_t now, int closing)
+static void confirm_acked(pl_broker *b, confirm *rec, pl_confirm_method how)
 {
-    int state = pl_conn_acknowledged(rec->controller);
+    b->metrics.confirm_method[how]++;
+    confirm_finish(b, rec, 1);
+}
+
+/* <rec>'s controller failed (<why> reset) or did not acknowledge in its
+ * time (timeout): it is reset, counted a disconnect, and the run goes to
+ * the key's next poll. Past the deadline one more poll gets a short grace;
+ * with none left, false. */
+static void confirm_fail(pl_broker *b, confirm *rec, uint64_t now, pl_confirm_outcome why)
+{
     uint64_t grace = b->cfg->confirm_timeout_ms / 10 > 10 ? b->cfg->confirm_timeout_ms / 10 : 10;
 
-    if (state == 1) {
-        confirm_finish(b, rec, 1);
-        return;
-    }
-    if (state == 0 && now < rec->deadline && !closing)
-        return;
-    PL_LOG(PL_LOG_DEBUG, "delivery not confirmed", "\"failed\":%d", state < 0);
+    PL_LOG(PL_LOG_DEBUG, "delivery not confirmed", "\"failed\":%d", why == PL_CONFIRM_RESET);
+    b->metrics.confirm[why]++;
     pl_conn_set_data(rec->controller, NULL, 0);
     pl_conn_abort(rec->controller); /* nothing stale may arrive later */
     pl_engine_confirm(b->engine, rec->w, 0);
@@ -366,22 +423,77 @@ static void confirm_check(pl_broker *b, confirm *rec, uint64_t now, int closing)
         rec->in_grace = 1;
         rec->deadline = now + grace;
     }
-    if (pl_engine_deliver(b->engine, &rec->msg.key, &rec->msg, now, &rec->waited_ms) == 0)
+    if (pl_engine_deliver(b->engine, &rec->msg.key, &rec->msg, now, &rec->waited_ms) == 0) {
         confirm_finish(b, rec, 0);
-    else
-        confirm_attach(b, rec);
+    } else {
+        b->metrics.confirm[PL_CONFIRM_REDELIVERED]++;
+        confirm_attach(b, rec, now);
+    }
+}
+
+/* An attempt that ran out of time while nobody else waits for the key goes
+ * on, up to the deadline: resetting it would gain nothing. Returns 1 when
+ * it does. */
+static int confirm_extend(pl_broker *b, confirm *rec, uint64_t now)
+{
+    uint64_t due = now + confirm_budget(b);
+
+    if (now >= rec->deadline || pl_engine_waiting(b->engine, &rec->msg.key) > 0)
+        return 0;
+    rec->due = due < rec->deadline ? due : rec->deadline;
+    return 1;
+}
+
+/* Looks at <rec> on a timer tick or as its controller closes (<closing>:
+ * the socket is still open). A polled controller is asked each tick; any
+ * other is asked once, before its connection would be reset. */
+static void confirm_check(pl_broker *b, confirm *rec, uint64_t now, int closing)
+{
+    int state;
+
+    if (!rec->polling && !closing && (now < rec->due || confirm_extend(b, rec, now)))
+        return;
+    state = pl_conn_acknowledged(rec->controller);
+    if (state == 1) {
+        confirm_acked(b, rec, PL_CONFIRM_BY_POLL);
+        return;
+    }
+    if (state == 0 && !closing && (now < rec->due || confirm_extend(b, rec, now)))
+        return;
+    confirm_fail(b, rec, now, state < 0 || closing ? PL_CONFIRM_RESET : PL_CONFIRM_TIMEOUT);
 }
 
 static void confirm_tick(uv_timer_t *t)
 {
     pl_broker *b = t->data;
-    uint64_t now = uv_now(b->loop);
-    confirm *rec = b->confirms, *next;
+    uint64_t now = uv_now(b->loop), next = UINT64_MAX;
+    confirm *rec, *after;
 
-    for (; rec != NULL; rec = next) {
-        next = rec->next;
+    for (rec = b->confirms; rec != NULL; rec = after) {
+        after = rec->next;
         confirm_check(b, rec, now, 0);
     }
+    /* A record left can only be one still waiting (a settled one is freed,
+     * a redelivered one re-armed the timer already). */
+    for (rec = b->confirms; rec != NULL; rec = rec->next) {
+        uint64_t due = rec->polling ? now + 1 : rec->due;
+        if (due < next)
+            next = due;
+    }
+    if (next != UINT64_MAX) {
+        uv_timer_stop(t);
+        confirm_arm(b, next);
+    }
+}
+
+/* The controller's ACK report arrived for everything written to it. */
+static void confirm_on_acked(pl_broker *b, confirm *rec)
+{
+    uint64_t ns = uv_hrtime() - rec->sent_ns;
+
+    pl_metrics_observe(&b->metrics.confirm_ack_seconds, (double)ns / 1e9);
+    confirm_learn(b, ns);
+    confirm_acked(b, rec, PL_CONFIRM_BY_ACK_EVENT);
 }
 
 /* The delivery on_settle left pending becomes a confirmation record; the
@@ -391,6 +503,7 @@ static void confirm_start(pl_broker *b, pl_conn *dispatcher, const pl_message *m
 {
     size_t dl = m->key.deployment_len, vl = m->key.version_len;
     confirm *rec = pl_malloc(sizeof(*rec) + m->payload_len + dl + vl);
+    uint64_t now = uv_now(b->loop);
 
     if (rec == NULL) {
         /* Written but cannot be watched: answer as delivery = written. */
@@ -408,17 +521,15 @@ static void confirm_start(pl_broker *b, pl_conn *dispatcher, const pl_message *m
     rec->msg.key.deployment = rec->data + m->payload_len;
     rec->msg.key.version = rec->data + m->payload_len + dl;
     rec->dispatcher = dispatcher;
-    rec->deadline = uv_now(b->loop) + b->cfg->confirm_timeout_ms;
+    rec->deadline = now + b->cfg->confirm_timeout_ms;
     rec->start_ns = start_ns;
     rec->waited_ms = waited_ms;
-    confirm_attach(b, rec);
-    pl_conn_set_data(dispatcher, rec, DATA_DISPATCH);
     rec->next = b->confirms;
     if (b->confirms)
         b->confirms->prev = rec;
     b->confirms = rec;
-    if (!uv_is_active((uv_handle_t *)&b->confirm_timer))
-        uv_timer_start(&b->confirm_timer, confirm_tick, 1, 1);
+    confirm_attach(b, rec, now);
+    pl_conn_set_data(dispatcher, rec, DATA_DISPATCH);
 }
 
 static void handle_dispatch(pl_broker *b, pl_conn *c, const pl_request *req)
@@ -609,7 +720,7 @@ void pl_broker_on_request(void *app, pl_conn *c, const pl_request *req)
     /* A controller speaking again on the connection its run went out on is
      * alive and reading: its delivery counts as confirmed. */
     if (kind == DATA_CONFIRM)
-        confirm_finish(b, rec, 1);
+        confirm_acked(b, rec, PL_CONFIRM_BY_NEXT_REQUEST);
     for (size_t i = 0; i < NROUTES; i++) {
         const struct route *r = &routes[i];
         if (!path_is(req, r->path))
@@ -648,6 +759,15 @@ void pl_broker_on_close(void *app, pl_conn *c)
         pl_engine_settle(b->engine, data, PL_OUTCOME_DISCONNECT);
     else if (kind == DATA_DISPATCH)
         ((confirm *)data)->dispatcher = NULL;
+}
+
+void pl_broker_on_acked(void *app, pl_conn *c)
+{
+    unsigned kind;
+    confirm *rec = pl_conn_data(c, &kind);
+
+    if (kind == DATA_CONFIRM)
+        confirm_on_acked(((side *)app)->b, rec);
 }
 
 void pl_broker_on_response(void *app, unsigned tag, int status)

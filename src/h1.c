@@ -83,13 +83,12 @@ static int on_header_field(llhttp_t *p, const char *at, size_t len)
 
     if (count_head(h, len + 4) != 0) /* ": " and CRLF */
         return -1;
-    for (size_t i = 0; i < len; i++) {
-        if (h->hname_len >= sizeof(h->hname)) {
-            h->hname_len = sizeof(h->hname) + 1; /* too long to be one of ours */
-            break;
-        }
-        h->hname[h->hname_len++] = at[i];
+    if (h->hname_len + len > sizeof(h->hname)) {
+        h->hname_len = sizeof(h->hname) + 1; /* too long to be one of ours */
+        return 0;
     }
+    memcpy(h->hname + h->hname_len, at, len);
+    h->hname_len += (uint8_t)len;
     return 0;
 }
 
@@ -187,10 +186,17 @@ static int host_valid(const pl_h1 *h)
 {
     const char *v = h->arena.data + h->hdr_off[PL_HDR_HOST];
 
-    for (uint32_t i = 0; i < h->hdr_len[PL_HDR_HOST]; i++)
-        if (strchr(" \t,/?#@\\\"<>{}|^`", v[i]) != NULL || (unsigned char)v[i] < 0x21 ||
-            (unsigned char)v[i] > 0x7e)
+    for (uint32_t i = 0; i < h->hdr_len[PL_HDR_HOST]; i++) {
+        /* a switch, not strchr() per byte: Host is read on every request */
+        switch (v[i]) {
+        case ',': case '/': case '?': case '#': case '@': case '\\': case '"':
+        case '<': case '>': case '{': case '}': case '|': case '^': case '`':
             return 0;
+        default:
+            if ((unsigned char)v[i] < 0x21 || (unsigned char)v[i] > 0x7e)
+                return 0; /* also space and tab */
+        }
+    }
     return 1;
 }
 

@@ -1,10 +1,14 @@
 /* http.c -- HTTP/1.1 connections: parse, limit, time out, answer in order. */
+#include <errno.h>
 #include <malloc.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
 
+#include <linux/errqueue.h>
+#include <linux/net_tstamp.h>
 #include <linux/sockios.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -22,6 +26,13 @@
 #define READ_BUFFER_SIZE 65536
 #define ARENA_KEEP_MAX 65536 /* a request arena larger than this is not kept */
 #define LINGER_MS 2000
+
+/* Counts ACK report offsets from the bytes written when reports were turned
+ * on (Linux 6.2+), not from the bytes acknowledged then: our own count of
+ * bytes written then matches the kernel's. */
+#ifndef SOF_TIMESTAMPING_OPT_ID_TCP
+#define SOF_TIMESTAMPING_OPT_ID_TCP (1 << 16)
+#endif
 
 /* The timer lists. Each has one timeout for all its members, so appending
  * keeps it sorted by deadline and expiry only looks at the head. A pending
@@ -46,7 +57,14 @@ struct pl_conn {
     unsigned finishing : 1;    /* last answer sent; shutting down */
     unsigned closing : 1;
     unsigned tuned : 1;        /* dead-peer detection is on */
+    unsigned acks : 2;         /* ACK reports: ACKS_OFF, ACKS_ON, ACKS_REFUSED */
+    unsigned ack_waiting : 1;  /* on_acked is due at ack_want */
+    uint32_t out_bytes;        /* bytes ever given to conn_write, mod 2^32 */
+    uint32_t ack_origin;       /* out_bytes in the kernel when reports began */
+    uint32_t ack_want;         /* report offset that fires on_acked */
 };
+
+enum { ACKS_OFF = 0, ACKS_ON, ACKS_REFUSED };
 
 struct pl_http {
     uv_loop_t *loop;
@@ -184,6 +202,7 @@ static int conn_write(pl_conn *c, const uv_buf_t *bufs, unsigned n)
         return -1;
     for (unsigned i = 0; i < n; i++)
         total += bufs[i].len;
+    c->out_bytes += (uint32_t)total;
     r = uv_try_write((uv_stream_t *)&c->tcp, bufs, n);
     if (r == UV_EAGAIN)
         r = 0;
@@ -461,6 +480,40 @@ static void alloc_cb(uv_handle_t *handle, size_t suggested, uv_buf_t *buf)
     *buf = uv_buf_init(c->http->readbuf, READ_BUFFER_SIZE);
 }
 
+/* Takes one report off <c>'s error queue; fires on_acked when it says the
+ * peer acknowledged up to ack_want. One per call: a queue holding more keeps
+ * EPOLLERR raised and is taken on the next turns, never spinning in place. */
+static void conn_take_ack_report(pl_conn *c)
+{
+    union {
+        char buf[512];
+        struct cmsghdr align;
+    } ctl;
+    struct msghdr msg = {.msg_control = ctl.buf, .msg_controllen = sizeof(ctl.buf)};
+    struct cmsghdr *cm;
+    uv_os_fd_t fd;
+
+    if (uv_fileno((uv_handle_t *)&c->tcp, &fd) != 0 ||
+        recvmsg(fd, &msg, MSG_ERRQUEUE | MSG_DONTWAIT) < 0)
+        return;
+    for (cm = CMSG_FIRSTHDR(&msg); cm != NULL; cm = CMSG_NXTHDR(&msg, cm)) {
+        const struct sock_extended_err *ee;
+        if (!(cm->cmsg_level == SOL_IP && cm->cmsg_type == IP_RECVERR) &&
+            !(cm->cmsg_level == SOL_IPV6 && cm->cmsg_type == IPV6_RECVERR))
+            continue;
+        ee = (const struct sock_extended_err *)(const void *)CMSG_DATA(cm);
+        if (ee->ee_errno != ENOMSG || ee->ee_origin != SO_EE_ORIGIN_TIMESTAMPING ||
+            ee->ee_info != SCM_TSTAMP_ACK)
+            continue;
+        /* Offsets wrap at 2^32; a report at or past the wanted one covers it. */
+        if (c->ack_waiting && (int32_t)(ee->ee_data - c->ack_want) >= 0) {
+            c->ack_waiting = 0;
+            if (c->http->cb.on_acked)
+                c->http->cb.on_acked(c->http->app, c);
+        }
+    }
+}
+
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 {
     pl_conn *c = container_of(s, pl_conn, tcp);
@@ -470,6 +523,12 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         conn_close(c); /* EOF or error: a parked poll settles as disconnect */
         return;
     }
+    /* libuv reads on EPOLLERR too, which a queued ACK report raises until it
+     * is taken (nread == 0). A request arriving on a connection that awaits
+     * its ACK carries that ACK, so its report is queued already: take it
+     * first, saving the extra wakeup. */
+    if (c->acks == ACKS_ON && (nread == 0 || c->ack_waiting))
+        conn_take_ack_report(c);
     if (nread == 0 || c->finishing || c->closing)
         return; /* lingering: drop what arrives */
     if (c->pending || c->in.len > 0) {
@@ -562,6 +621,35 @@ int pl_conn_acknowledged(const pl_conn *c)
         ioctl(fd, SIOCOUTQ, &outq) != 0)
         return 0;
     return outq == 0;
+}
+
+int pl_conn_watch_acks(pl_conn *c)
+{
+    int flags = SOF_TIMESTAMPING_TX_ACK | SOF_TIMESTAMPING_SOFTWARE |
+                SOF_TIMESTAMPING_OPT_ID | SOF_TIMESTAMPING_OPT_ID_TCP |
+                SOF_TIMESTAMPING_OPT_TSONLY;
+    uv_os_fd_t fd;
+
+    if (c->acks != ACKS_OFF)
+        return 0;
+    c->acks = ACKS_REFUSED;
+    if (c->closing || uv_fileno((uv_handle_t *)&c->tcp, &fd) != 0 ||
+        setsockopt(fd, SOL_SOCKET, SO_TIMESTAMPING, &flags, sizeof(flags)) != 0)
+        return -1;
+    c->acks = ACKS_ON;
+    /* Bytes still in libuv's queue reach the kernel after this point. */
+    c->ack_origin = c->out_bytes -
+                    (uint32_t)uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp);
+    return 0;
+}
+
+int pl_conn_expect_ack(pl_conn *c)
+{
+    if (c->acks != ACKS_ON || c->closing || c->out_bytes == c->ack_origin)
+        return -1;
+    c->ack_want = c->out_bytes - c->ack_origin - 1; /* offset of the last byte */
+    c->ack_waiting = 1;
+    return 0;
 }
 
 void pl_conn_detect_dead_peer(pl_conn *c, unsigned idle_s, unsigned interval_s,

@@ -13,6 +13,17 @@ static const double wait_bounds[] = {
     0.001, 0.01, 0.1, 0.5, 1, 5, 10, 30, 60, 120, 300, 600,
 };
 
+static const double ack_bounds[] = {
+    0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001,
+    0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1,
+};
+
+static const char *const confirm_method_names[PL_CONFIRM_BY__COUNT] = {
+    "ack_event", "poll_fallback", "next_request",
+};
+static const char *const confirm_names[PL_CONFIRM__COUNT] = {
+    "acked", "reset", "timeout", "redelivered",
+};
 static const char *const route_names[PL_ROUTE__COUNT] = {
     "other", "connect", "park", "dispatch", "healthz", "readyz", "metrics", "debug",
 };
@@ -26,6 +37,8 @@ void pl_metrics_init(pl_metrics *m)
     m->dispatch_seconds.nbounds = sizeof(dispatch_bounds) / sizeof(double);
     m->wait_seconds.bounds = wait_bounds;
     m->wait_seconds.nbounds = sizeof(wait_bounds) / sizeof(double);
+    m->confirm_ack_seconds.bounds = ack_bounds;
+    m->confirm_ack_seconds.nbounds = sizeof(ack_bounds) / sizeof(double);
 }
 
 void pl_metrics_observe(pl_histogram *h, double seconds)
@@ -143,5 +156,24 @@ size_t pl_metrics_render(const pl_metrics *m, const pl_ledger *l, size_t keys,
              "pilotlight_config_max_connections %llu\n",
          (unsigned long long)m->max_waiters, (unsigned long long)m->max_waiters_per_key,
          (unsigned long long)m->max_connections);
+    emit(&o, "# HELP pilotlight_confirm_method_total Deliveries confirmed (delivery = confirm), "
+             "by how the acknowledgement was learnt.\n"
+             "# TYPE pilotlight_confirm_method_total counter\n");
+    for (int i = 0; i < PL_CONFIRM_BY__COUNT; i++)
+        emit(&o, "pilotlight_confirm_method_total{method=\"%s\"} %llu\n",
+             confirm_method_names[i], (unsigned long long)m->confirm_method[i]);
+    emit(&o, "# HELP pilotlight_confirm_total Delivery attempts to a controller "
+             "(delivery = confirm), by outcome; redelivered: offered to the next poll.\n"
+             "# TYPE pilotlight_confirm_total counter\n");
+    for (int i = 0; i < PL_CONFIRM__COUNT; i++)
+        emit(&o, "pilotlight_confirm_total{outcome=\"%s\"} %llu\n", confirm_names[i],
+             (unsigned long long)m->confirm[i]);
+    emit(&o, "# HELP pilotlight_confirm_ack_events_refused_total Controller connections "
+             "whose kernel refused ACK reports (confirmed by polling instead).\n"
+             "# TYPE pilotlight_confirm_ack_events_refused_total counter\n"
+             "pilotlight_confirm_ack_events_refused_total %llu\n",
+         (unsigned long long)m->ack_events_refused);
+    emit_histogram(&o, "pilotlight_confirm_ack_seconds",
+                   "Time from writing a payload to its ACK report.", &m->confirm_ack_seconds);
     return o.overflow ? 0 : o.len;
 }

@@ -245,6 +245,7 @@ static pl_http *new_http(server *s, unsigned serves)
         .on_request = pl_broker_on_request,
         .on_close = pl_broker_on_close,
         .on_response = pl_broker_on_response,
+        .on_acked = pl_broker_on_acked,
     };
     pl_http *h = pl_http_new(&s->loop, &limits, &cb, pl_broker_side(s->broker, serves));
 

@@ -96,6 +96,9 @@ int pl_token_is_jwt(const char *s, size_t len)
 {
     size_t seg = 0, dots = 0;
 
+    /* Every poll asks this of its deployment id: a plain id has no dot. */
+    if (memchr(s, '.', len) == NULL)
+        return 0;
     for (size_t i = 0; i < len; i++) {
         if (s[i] == '.') {
             if (seg == 0 || ++dots > 2)

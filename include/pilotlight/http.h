@@ -29,6 +29,9 @@ typedef struct {
     /* <c> is closing while it holds application data (pl_conn_set_data);
      * the application drops its reference here. */
     void (*on_close)(void *app, pl_conn *c);
+    /* The peer of <c> acknowledged every byte up to the mark set by
+     * pl_conn_expect_ack(); fires once per mark. Optional. */
+    void (*on_acked)(void *app, pl_conn *c);
 } pl_http_callbacks;
 
 typedef struct {
@@ -91,6 +94,17 @@ void pl_conn_abort(pl_conn *c);
  * returns 1 when it has, 0 when bytes are still unsent or unacknowledged on
  * a live connection, -1 when the connection has failed or is closing. */
 int pl_conn_acknowledged(const pl_conn *c);
+
+/* Asks the kernel to report when <c>'s peer acknowledges bytes written from
+ * now on (SO_TIMESTAMPING with TX_ACK; the reports are taken in the read
+ * path). Once per connection: returns -1 on the call the kernel refused
+ * (poll pl_conn_acknowledged() for it instead), else 0. */
+int pl_conn_watch_acks(pl_conn *c);
+
+/* Asks for on_acked(<c>) once the peer has acknowledged every byte written
+ * to <c> so far; replaces an earlier mark. Returns 0, or -1 when <c> gets no
+ * ACK reports or nothing was written since they began. */
+int pl_conn_expect_ack(pl_conn *c);
 
 /* Turns on TCP keepalive and TCP_USER_TIMEOUT for <c> (once per connection;
  * later calls do nothing), so a peer that vanished without FIN or RST is

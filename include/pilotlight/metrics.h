@@ -27,6 +27,24 @@ typedef enum {
     PL_DISPATCH__COUNT
 } pl_dispatch_result;
 
+/* How a delivery (delivery = confirm) was found acknowledged. */
+typedef enum {
+    PL_CONFIRM_BY_ACK_EVENT = 0, /* the kernel's ACK report */
+    PL_CONFIRM_BY_POLL,          /* asking TCP_INFO / SIOCOUTQ */
+    PL_CONFIRM_BY_NEXT_REQUEST,  /* the controller spoke again */
+    PL_CONFIRM_BY__COUNT
+} pl_confirm_method;
+
+/* How one attempt to deliver to a controller ended (delivery = confirm);
+ * redelivered counts the payload going on to the key's next poll. */
+typedef enum {
+    PL_CONFIRM_ACKED = 0,
+    PL_CONFIRM_RESET,       /* the controller's socket failed or closed */
+    PL_CONFIRM_TIMEOUT,     /* no ACK in its time: we reset it */
+    PL_CONFIRM_REDELIVERED,
+    PL_CONFIRM__COUNT
+} pl_confirm_outcome;
+
 #define PL_HISTOGRAM_MAX_BUCKETS 16
 
 typedef struct {
@@ -47,6 +65,10 @@ typedef struct {
     uint64_t token_secret[2];       /* valid tokens: current, previous secret */
     uint64_t reloads[2];            /* SIGHUP reloads: ok, error */
     uint64_t max_waiters, max_waiters_per_key, max_connections; /* in effect */
+    uint64_t confirm_method[PL_CONFIRM_BY__COUNT];
+    uint64_t confirm[PL_CONFIRM__COUNT];
+    uint64_t ack_events_refused;   /* controller connections left to polling */
+    pl_histogram confirm_ack_seconds; /* payload written to ACK report */
 } pl_metrics;
 
 void pl_metrics_init(pl_metrics *m);
