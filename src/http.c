@@ -47,9 +47,15 @@ struct pl_conn {
     unsigned tuned : 1;        /* dead-peer detection is on */
 };
 
+typedef struct {
+    uv_tcp_t tcp; /* data stays NULL: close_walk() must not take it for a conn */
+    pl_http *http;
+} listener;
+
 struct pl_http {
     uv_loop_t *loop;
-    uv_tcp_t listener;
+    listener listeners[PL_HTTP_LISTENERS_MAX];
+    int nlisteners; /* initialised so far; each is closed once */
     uv_timer_t timer;
     uv_idle_t resume;
     uint64_t timer_due; /* when the armed timer fires */
@@ -606,7 +612,7 @@ size_t pl_conn_size(void)
 
 static void on_connection(uv_stream_t *server, int status)
 {
-    pl_http *h = container_of(server, pl_http, listener);
+    pl_http *h = container_of(server, listener, tcp)->http;
     pl_conn *c;
 
     if (status < 0) {
@@ -667,26 +673,33 @@ pl_http *pl_http_new(uv_loop_t *loop, const pl_http_limits *limits,
     h->max_queued = 2 * (size_t)limits->max_body_bytes + 65536;
     uv_timer_init(loop, &h->timer);
     uv_idle_init(loop, &h->resume);
-    uv_tcp_init(loop, &h->listener);
     return h;
 }
 
-int pl_http_listen(pl_http *h, const char *host, uint16_t port,
+int pl_http_listen(pl_http *h, const struct sockaddr *addr, unsigned flags,
                    uint16_t *bound_port)
 {
     struct sockaddr_storage ss;
     int len = sizeof(ss), rc;
+    listener *l;
 
-    if (uv_ip4_addr(host, port, (struct sockaddr_in *)&ss) != 0 &&
-        (rc = uv_ip6_addr(host, port, (struct sockaddr_in6 *)&ss)) != 0)
-        return rc;
-    rc = uv_tcp_bind(&h->listener, (const struct sockaddr *)&ss, 0);
-    if (rc == 0)
-        rc = uv_listen((uv_stream_t *)&h->listener, 4096, on_connection);
-    if (rc == 0)
-        rc = uv_tcp_getsockname(&h->listener, (struct sockaddr *)&ss, &len);
+    if (h->nlisteners == PL_HTTP_LISTENERS_MAX)
+        return UV_ENOBUFS;
+    l = &h->listeners[h->nlisteners];
+    rc = uv_tcp_init(h->loop, &l->tcp);
     if (rc != 0)
         return rc;
+    h->nlisteners++;
+    l->http = h;
+    rc = uv_tcp_bind(&l->tcp, addr, flags);
+    if (rc == 0)
+        rc = uv_listen((uv_stream_t *)&l->tcp, 4096, on_connection);
+    if (rc == 0)
+        rc = uv_tcp_getsockname(&l->tcp, (struct sockaddr *)&ss, &len);
+    if (rc != 0) {
+        uv_close((uv_handle_t *)&l->tcp, NULL);
+        return rc;
+    }
     h->listening = 1;
     *bound_port = ntohs(ss.ss_family == AF_INET
                             ? ((struct sockaddr_in *)&ss)->sin_port
@@ -697,8 +710,9 @@ int pl_http_listen(pl_http *h, const char *host, uint16_t port,
 static void close_listener(pl_http *h)
 {
     h->listening = 0;
-    if (!uv_is_closing((uv_handle_t *)&h->listener))
-        uv_close((uv_handle_t *)&h->listener, NULL);
+    for (int i = 0; i < h->nlisteners; i++)
+        if (!uv_is_closing((uv_handle_t *)&h->listeners[i].tcp))
+            uv_close((uv_handle_t *)&h->listeners[i].tcp, NULL);
 }
 
 void pl_http_drain(pl_http *h, void (*done)(void *arg), void *arg)

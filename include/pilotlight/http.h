@@ -45,9 +45,13 @@ typedef struct {
 pl_http *pl_http_new(uv_loop_t *loop, const pl_http_limits *limits,
                      const pl_http_callbacks *cb, void *app);
 
-/* Listens on host:port. Returns 0 and sets *bound_port, or a negative libuv
- * error. */
-int pl_http_listen(pl_http *h, const char *host, uint16_t port,
+/* Most addresses one server context listens on. */
+#define PL_HTTP_LISTENERS_MAX 8
+
+/* Listens on <addr> too (each call adds a listener; <flags> as for
+ * uv_tcp_bind, e.g. UV_TCP_IPV6ONLY). Returns 0 and sets *bound_port, or a
+ * negative libuv error (the failed listener is closed; the others stay). */
+int pl_http_listen(pl_http *h, const struct sockaddr *addr, unsigned flags,
                    uint16_t *bound_port);
 
 /* Stops accepting, closes idle connections, and lets requests in progress
@@ -65,7 +69,7 @@ void pl_http_free(pl_http *h);
 
 uint64_t pl_http_connections(const pl_http *h);
 
-/* Whether pl_http_listen() succeeded and the listener is open. */
+/* Whether a pl_http_listen() succeeded and the listeners are open. */
 int pl_http_listening(const pl_http *h);
 
 /* Sends a response with <status>, optional Content-Type, optional extra
