@@ -243,10 +243,12 @@ class Controller:
     """A poll through the proxy, and what a real controller would do with
     its outcome."""
 
-    def __init__(self, port, key, n, token=False, cpu_text=None, mem_text=None):
+    def __init__(self, port, key, n, token=False, cpu_text=None, mem_text=None, dep_header=None):
         self.port, self.key = port, key
         dep, ver, cpu, mem = key
-        self.headers = poll_headers(deployment=deployment_token(dep) if token else dep,
+        if dep_header is None:
+            dep_header = deployment_token(dep) if token else dep
+        self.headers = poll_headers(deployment=dep_header,
                                     version=ver,
                                     cpu=js_text(cpu) if cpu_text is None else cpu_text,
                                     memory=js_text(mem) if mem_text is None else mem_text,
@@ -490,3 +492,37 @@ def test_drained_instance_controllers_parked_again_and_matched(drain_cluster):
     moved, repolls = _lose_one(proxy, servers, "term")
     assert moved > 0
     assert repolls == 0
+
+
+def test_dotted_bare_ids_route_as_pilotlight_keys_them(cluster):
+    """Ids are opaque: a bare id with two dots is hashed whole, as pilotlight
+    keys it; only a value with a JWT header is read for its claim."""
+    proxy, servers = cluster
+    hs256 = b64url({"alg": "HS256"})
+    cases = []                                   # (header value, key deployment)
+    for j in range(4):
+        cases.append((f"deployment_app{j}.v2.eu", f"deployment_app{j}.v2.eu"))
+        cases.append((f"a{j}.b.c", f"a{j}.b.c"))
+        # a JSON object first, but no "alg": a bare id
+        no_alg = f"{b64url({'typ': 'JWT'})}.{b64url({'deployment': f'deployment_na{j}'})}.c2ln"
+        cases.append((no_alg, no_alg))
+        # a JWT header, but no JSON object after it: a bare id
+        no_obj = f"{hs256}.{b64url([j])}.c2ln"
+        cases.append((no_obj, no_obj))
+        # a token whose claim has dots: keyed by the claim
+        cases.append((deployment_token(f"deployment_tok{j}.v2.eu"), f"deployment_tok{j}.v2.eu"))
+    ctrls = []
+    for n, (value, dep) in enumerate(cases):
+        key = (dep, "20261201.1", CPUS[n % 5], MEMORIES[n % 6])
+        ctrls.append(Controller(proxy.port, key, n, dep_header=value))
+    wait_total(servers, "parked_now", len(cases), "polls to park")
+    assert all(scrape(s.port).parked_now > 0 for s in servers), "keys not spread"
+    for c in ctrls:
+        ok, msg = dispatch_via(proxy.port, c.key, f"run_dot_{c.key[0][:24]}")
+        assert ok, f"{c.headers['x-trigger-deployment-id']} (key {c.key[0]}) missed"
+        check_payload(c, msg)
+    routed = {}
+    for key, method in proxy.routing_keys():
+        routed.setdefault(method, set()).add(key)
+    assert routed["GET"] == routed["POST"], routed
+    assert {k.split(" ")[0] for k in routed["GET"]} == {dep for _, dep in cases}
