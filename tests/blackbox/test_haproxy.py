@@ -6,8 +6,10 @@ proxy hashes the four key fields (headers for a poll, the JSON body for a
 dispatch) onto a consistent-hash ring. These tests hold it to "every dispatch
 is answered exactly as one instance would answer it", with numbers written
 differently on the two sides and deployment tokens, and through the loss of
-an instance (killed, or drained by SIGTERM): its controllers are parked again
-on the survivors without seeing an error, and are matched again.
+an instance (killed, or drained by SIGTERM): its controllers see their
+connection close without a response (never a 502), poll again as a real
+controller does, are parked on the survivors and matched again; with
+PL_HAPROXY_RETRY_ON the proxy resends the polls and they see nothing.
 
 Skipped, saying why, only where haproxy (2.6 or later) is not installed:
 deploy/install-deps.sh --test installs Debian's.
@@ -70,9 +72,10 @@ class Proxy:
     """haproxy -db with the repository's config; servers, ports and sockets
     come in through the environment variables the config reads."""
 
-    def __init__(self, servers, tmpdir):
+    def __init__(self, servers, tmpdir, env=None):
         self.dir = tmpdir
         self.servers = servers
+        self.extra_env = env or {}
         self.stats_sock = os.path.join(tmpdir, "haproxy.sock")
         self.log_path = os.path.join(tmpdir, "haproxy.log")
         self.proc = None
@@ -90,6 +93,7 @@ class Proxy:
             "PL_HAPROXY_STATS_BIND": os.path.join(self.dir, "stats-http.sock"),
             "PL_HAPROXY_MAXCONN": "1000",
         })
+        env.update(self.extra_env)
         for i, s in enumerate(self.servers, 1):
             env[f"PL_SERVER_{i}"] = f"{HOST}:{s.port}"
         self.logf = open(self.log_path, "ab")
@@ -170,6 +174,19 @@ def cluster(start_server):
     servers = [start_server() for _ in range(3)]
     with tempfile.TemporaryDirectory() as d:
         proxy = Proxy(servers, d)
+        try:
+            yield proxy, servers
+        finally:
+            proxy.stop()
+
+
+@pytest.fixture
+def resend_cluster(start_server):
+    """As `cluster`, with HAProxy resending polls an instance closed
+    (PL_HAPROXY_RETRY_ON, off by default for its memory)."""
+    servers = [start_server() for _ in range(3)]
+    with tempfile.TemporaryDirectory() as d:
+        proxy = Proxy(servers, d, env={"PL_HAPROXY_RETRY_ON": "conn-failure empty-response"})
         try:
             yield proxy, servers
         finally:
@@ -422,6 +439,32 @@ def test_large_dispatch_body_still_routes(cluster):
         check_payload(c, m)
 
 
+def test_dispatch_body_larger_than_the_buffer_is_forwarded(cluster):
+    """A body past tune.bufsize cannot be hashed, but HAProxy streams it to
+    some instance, which answers it: a true (payload intact) or a false,
+    never an error."""
+    proxy, servers = cluster
+    key = key_of(3, prefix="deployment_huge")
+    c = Controller(proxy.port, key, 0)
+    wait_total(servers, "parked_now", 1, "the poll to park")
+    dep, ver, cpu, mem = key
+    m = make_message(deployment=dep, version=ver, cpu=cpu, memory=mem, run_id="run_huge")
+    m["completedWaitpoints"] = [{"id": "waitpoint_1", "output": "x" * 900_000}]
+    body = json.dumps({"dequeuedMessage": m})
+    assert 900_000 < len(body) < 1_048_576          # under pilotlight's max_body_bytes
+    r = Conn(proxy.port, timeout=WAIT)
+    try:
+        r.request("POST", "/warm-start", {"Content-Type": "application/json"}, body)
+        resp = r.read_response()
+    finally:
+        r.close()
+    assert resp.status == 200 and set(resp.json()) == {"didWarmStart"}, resp
+    if resp.json()["didWarmStart"]:
+        check_payload(c, m)
+    else:
+        c.close()
+
+
 def test_controller_abort_reaches_the_instance(cluster):
     """A controller that gives up closes its connection (a FIN). The proxy
     must pass that on at once, or a dispatch could be 'delivered' to nobody."""
@@ -483,6 +526,15 @@ def test_killed_instance_controllers_parked_again_and_matched(cluster):
     proxy, servers = cluster
     moved, repolls = _lose_one(proxy, servers, "kill")
     assert moved > 0
+    # Each of the lost instance's controllers saw a close without a response
+    # (never the 502), and polled again by itself, as a real one does.
+    assert repolls == moved
+
+
+def test_killed_instance_with_resend_controllers_never_see_it(resend_cluster):
+    proxy, servers = resend_cluster
+    moved, repolls = _lose_one(proxy, servers, "kill")
+    assert moved > 0
     # The proxy re-sent the polls itself; no controller even saw the close.
     assert repolls == 0
 
@@ -491,7 +543,7 @@ def test_drained_instance_controllers_parked_again_and_matched(drain_cluster):
     proxy, servers = drain_cluster
     moved, repolls = _lose_one(proxy, servers, "term")
     assert moved > 0
-    assert repolls == 0
+    assert repolls == moved
 
 
 def test_dotted_bare_ids_route_as_pilotlight_keys_them(cluster):
