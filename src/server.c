@@ -125,37 +125,57 @@ static int seen_before(const struct addrinfo *list, const struct addrinfo *ai)
     return 0;
 }
 
-/* Listens on every address <addr>'s host resolves to (a numeric host is
- * one address; a name is resolved now, once, before the loop runs). All
- * take the same port: with port 0, the one the first bind picked. With
- * several addresses, IPv6 ones are bound IPv6-only so none overlaps an
- * IPv4 one; a lone [::] stays dual-stack (libuv clears IPV6_V6ONLY). An
- * address this host cannot bind (EADDRNOTAVAIL, EAFNOSUPPORT: e.g. ::1
- * in a container without IPv6) is skipped with a warning. Returns 0 when
- * at least one listens and no other error occurred. */
-static int listen_all(server *s, pl_http *h, const pl_listen_addr *addr, const char *role)
+/* The addresses of <addr>'s host into *list: a numeric host is one
+ * address (<one>, in <ss>), a name is resolved now, once, before the loop
+ * runs (free the list with uv_freeaddrinfo unless it is <one>). Returns 0
+ * or a libuv error. */
+static int resolve(server *s, const pl_listen_addr *addr, struct addrinfo *one,
+                   struct sockaddr_storage *ss, struct addrinfo **list)
 {
-    struct addrinfo hints, *ai;
+    struct addrinfo hints;
     uv_getaddrinfo_t req;
-    uint16_t port = addr->port;
-    char where[INET6_ADDRSTRLEN + 8];
-    int rc, bound = 0;
+    int rc;
 
+    memset(one, 0, sizeof(*one));
+    if (uv_ip4_addr(addr->host, 0, (struct sockaddr_in *)(void *)ss) == 0 ||
+        uv_ip6_addr(addr->host, 0, (struct sockaddr_in6 *)(void *)ss) == 0) {
+        one->ai_family = ss->ss_family;
+        one->ai_addr = (struct sockaddr *)ss;
+        *list = one;
+        return 0;
+    }
     memset(&hints, 0, sizeof(hints));
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
     rc = uv_getaddrinfo(&s->loop, &req, NULL, addr->host, NULL, &hints); /* synchronous */
-    if (rc != 0) {
+    *list = rc == 0 ? req.addrinfo : NULL;
+    if (rc != 0)
         PL_LOG(PL_LOG_ERROR, "cannot resolve listen address",
                "\"host\":\"%s\",\"error\":\"%s\"", addr->host, uv_strerror(rc));
-        return rc;
-    }
-    for (ai = req.addrinfo; ai != NULL && rc == 0; ai = ai->ai_next) {
-        if (seen_before(req.addrinfo, ai))
+    return rc;
+}
+
+/* Listens on every address of <addr>'s host (see resolve()), all on the
+ * same port: with port 0, the one the first bind picked. With several
+ * addresses, IPv6 ones are bound IPv6-only so none overlaps an IPv4 one; a
+ * lone [::] stays dual-stack (libuv clears IPV6_V6ONLY). An address this
+ * host cannot bind (EADDRNOTAVAIL, EAFNOSUPPORT: e.g. ::1 in a container
+ * without IPv6) is skipped with a warning. Returns 0 when at least one
+ * listens and no other error occurred. */
+static int listen_all(server *s, pl_http *h, const pl_listen_addr *addr, const char *role)
+{
+    struct addrinfo one, *list, *ai;
+    struct sockaddr_storage ss;
+    uint16_t port = addr->port;
+    char where[INET6_ADDRSTRLEN + 8];
+    int rc = resolve(s, addr, &one, &ss, &list), bound = 0;
+
+    for (ai = list; ai != NULL && rc == 0; ai = ai->ai_next) {
+        if (seen_before(list, ai))
             continue;
         set_port(ai->ai_addr, port);
         rc = pl_http_listen(h, ai->ai_addr,
-                            req.addrinfo->ai_next != NULL && ai->ai_family == AF_INET6
+                            list->ai_next != NULL && ai->ai_family == AF_INET6
                                 ? UV_TCP_IPV6ONLY : 0,
                             &port);
         format_address(ai->ai_addr, port, where, sizeof(where));
@@ -171,7 +191,8 @@ static int listen_all(server *s, pl_http *h, const pl_listen_addr *addr, const c
                    "\"version\":\"" PL_VERSION "\"", where, addr->host, role);
         }
     }
-    uv_freeaddrinfo(req.addrinfo);
+    if (list != &one)
+        uv_freeaddrinfo(list);
     if (rc == 0 && bound == 0)
         rc = UV_EADDRNOTAVAIL;
     if (rc != 0)

@@ -109,8 +109,16 @@ def test_jwt_still_read_as_a_token(start_server):
 # Host names in listen / dispatch_listen
 # --------------------------------------------------------------------------
 
-def listening(s):
-    return [rec for rec in s.log_lines() if rec.get("msg") == "listening"]
+def listening(s, roles=()):
+    """The server's "listening" records, once one for each of <roles> is in
+    (the harness waits for the first only)."""
+    deadline = time.monotonic() + 10
+    while True:
+        recs = [rec for rec in s.log_lines() if rec.get("msg") == "listening"]
+        if all(any(r["serves"] == role for r in recs) for role in roles) or \
+                time.monotonic() > deadline:
+            return recs
+        time.sleep(0.02)
 
 
 def port_of(address):
@@ -120,7 +128,7 @@ def port_of(address):
 def test_listen_localhost(start_server):
     want = sorted({ai[4][0] for ai in socket.getaddrinfo("localhost", 0, type=socket.SOCK_STREAM)})
     s = start_server("--listen", "localhost:0", "--dispatch-listen", "localhost:0")
-    recs = listening(s)
+    recs = listening(s, roles=("controllers", "dispatch"))
     ctl = [r for r in recs if r["serves"] == "controllers"]
     dsp = [r for r in recs if r["serves"] == "dispatch"]
     for group in (ctl, dsp):
