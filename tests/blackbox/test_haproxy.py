@@ -573,8 +573,15 @@ def test_dotted_bare_ids_route_as_pilotlight_keys_them(cluster):
         ok, msg = dispatch_via(proxy.port, c.key, f"run_dot_{c.key[0][:24]}")
         assert ok, f"{c.headers['x-trigger-deployment-id']} (key {c.key[0]}) missed"
         check_payload(c, msg)
-    routed = {}
-    for key, method in proxy.routing_keys():
-        routed.setdefault(method, set()).add(key)
+    # HAProxy logs a request once its stream ends, a moment after the answer.
+    deadline = time.monotonic() + WAIT
+    while True:
+        routed = {"GET": set(), "POST": set()}
+        for key, method in proxy.routing_keys():
+            routed[method].add(key)
+        deps = [{k.split(" ")[0] for k in routed[m]} for m in ("GET", "POST")]
+        if deps[0] == deps[1] == {dep for _, dep in cases} or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     assert routed["GET"] == routed["POST"], routed
     assert {k.split(" ")[0] for k in routed["GET"]} == {dep for _, dep in cases}
