@@ -38,7 +38,8 @@ static const char *const token_mode_names[] = {"disabled", "log", "enforce", NUL
 static const setting settings[] = {
     LISTEN(listen, "0.0.0.0:8080",
            "address for controllers (and dispatchers, unless dispatch_listen is set), "
-           "HOST:PORT (port 0 picks one)"),
+           "HOST:PORT (port 0 picks one); a host name is resolved at start and every "
+           "address it names is listened on"),
     LISTEN(dispatch_listen, "",
            "separate address for dispatch, /metrics and /debug/waiters; when set, "
            "the controllers' address refuses those (empty = off)"),
@@ -110,6 +111,22 @@ static const setting *find_setting(const char *name, size_t len)
     return NULL;
 }
 
+/* 1 when <h> can be a DNS or hosts-file name. It is resolved when the
+ * server starts, not here: --check-config stays an offline check. */
+static int is_host_name(const char *h)
+{
+    int letters = 0;
+
+    if (!isalnum((unsigned char)h[0]))
+        return 0;
+    for (; *h != '\0'; h++) {
+        if (!isalnum((unsigned char)*h) && *h != '-' && *h != '.' && *h != '_')
+            return 0;
+        letters |= !isdigit((unsigned char)*h) && *h != '.';
+    }
+    return letters; /* "10.1" is no name, and the resolver would take it for 10.0.0.1 */
+}
+
 static int parse_listen(pl_listen_addr *out, const char *v)
 {
     const char *colon = strrchr(v, ':');
@@ -118,6 +135,7 @@ static int parse_listen(pl_listen_addr *out, const char *v)
     size_t hlen;
     char *end;
     unsigned long port;
+    int bracketed = 0;
 
     if (colon == NULL || colon[1] == '\0')
         return -1;
@@ -125,12 +143,14 @@ static int parse_listen(pl_listen_addr *out, const char *v)
     if (hlen >= 2 && v[0] == '[' && v[hlen - 1] == ']') {
         v++; /* [::1]:8080 */
         hlen -= 2;
+        bracketed = 1;
     }
     if (hlen == 0 || hlen >= sizeof(host))
         return -1;
     memcpy(host, v, hlen);
     host[hlen] = '\0';
-    if (inet_pton(AF_INET, host, addr) != 1 && inet_pton(AF_INET6, host, addr) != 1)
+    if (inet_pton(AF_INET, host, addr) != 1 && inet_pton(AF_INET6, host, addr) != 1 &&
+        (bracketed || !is_host_name(host)))
         return -1;
     errno = 0;
     port = strtoul(colon + 1, &end, 10);
@@ -155,7 +175,8 @@ static int apply(pl_config *cfg, const setting *s, const char *v, char *err,
         }
         if (parse_listen((pl_listen_addr *)(void *)base, v) == 0)
             return 0;
-        snprintf(err, errlen, "%s: '%s' is not HOST:PORT with a numeric address", s->name, v);
+        snprintf(err, errlen, "%s: '%s' is not HOST:PORT (HOST: an IPv4 address, "
+                 "[IPv6] or a host name)", s->name, v);
         return -1;
     case T_STRING:
     case T_SECRET:

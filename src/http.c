@@ -66,9 +66,15 @@ struct pl_conn {
 
 enum { ACKS_OFF = 0, ACKS_ON, ACKS_REFUSED };
 
+typedef struct {
+    uv_tcp_t tcp; /* data stays NULL: close_walk() must not take it for a conn */
+    pl_http *http;
+} listener;
+
 struct pl_http {
     uv_loop_t *loop;
-    uv_tcp_t listener;
+    listener listeners[PL_HTTP_LISTENERS_MAX];
+    int nlisteners; /* initialised so far; each is closed once */
     uv_timer_t timer;
     uv_idle_t resume;
     uint64_t timer_due; /* when the armed timer fires */
@@ -98,7 +104,8 @@ static void conn_process_buffered(pl_conn *c);
 static void timer_arm(pl_http *h, uint64_t due);
 static void resume_cb(uv_idle_t *idle);
 static void respond_own(pl_conn *c, int status, const char *msg);
-static int start_listening(pl_http *h, uint16_t *bound_port);
+static listener *listener_new(pl_http *h);
+static int listener_start(listener *l, uint16_t *bound_port);
 
 /* ---- timer lists ---- */
 
@@ -725,7 +732,7 @@ static void conn_start(pl_conn *c, uint8_t list)
 
 static void on_connection(uv_stream_t *server, int status)
 {
-    pl_http *h = container_of(server, pl_http, listener);
+    pl_http *h = container_of(server, listener, tcp)->http;
     pl_conn *c;
 
     if (status < 0) {
@@ -778,20 +785,31 @@ pl_conn *pl_http_adopt(pl_http *h, int fd, int parked, int keep_alive)
 
 int pl_http_adopt_listener(pl_http *h, int fd, uint16_t *bound_port)
 {
-    int rc = uv_tcp_open(&h->listener, fd);
+    listener *l = listener_new(h);
+    int rc = l == NULL ? UV_ENOBUFS : uv_tcp_open(&l->tcp, fd);
 
     if (rc != 0) {
+        if (l != NULL)
+            uv_close((uv_handle_t *)&l->tcp, NULL);
         close(fd);
         return rc;
     }
-    return start_listening(h, bound_port);
+    return listener_start(l, bound_port);
 }
 
-int pl_http_listener_fd(const pl_http *h)
+int pl_http_listener_fd(const pl_http *h, int i)
 {
     uv_os_fd_t fd;
 
-    return h->listening && uv_fileno((const uv_handle_t *)&h->listener, &fd) == 0 ? fd : -1;
+    return h->listening && i < h->nlisteners &&
+                   !uv_is_closing((const uv_handle_t *)&h->listeners[i].tcp) &&
+                   uv_fileno((const uv_handle_t *)&h->listeners[i].tcp, &fd) == 0
+               ? fd : -1;
+}
+
+int pl_http_listener_count(const pl_http *h)
+{
+    return h->nlisteners;
 }
 
 int pl_conn_handover_fd(const pl_conn *c)
@@ -859,47 +877,66 @@ pl_http *pl_http_new(uv_loop_t *loop, const pl_http_limits *limits,
     pl_http_set_limits(h, limits);
     uv_timer_init(loop, &h->timer);
     uv_idle_init(loop, &h->resume);
-    uv_tcp_init(loop, &h->listener);
     return h;
 }
 
-/* The listener's socket is bound: accept on it. Returns 0 and sets
- * *bound_port, or a negative libuv error. */
-static int start_listening(pl_http *h, uint16_t *bound_port)
+/* A new listener of <h>, its handle initialised; NULL when <h> has its
+ * most. */
+static listener *listener_new(pl_http *h)
+{
+    listener *l;
+
+    if (h->nlisteners == PL_HTTP_LISTENERS_MAX)
+        return NULL;
+    l = &h->listeners[h->nlisteners++];
+    uv_tcp_init(h->loop, &l->tcp);
+    l->http = h;
+    return l;
+}
+
+/* <l>'s socket is bound: accept on it. Returns 0 and sets *bound_port, or
+ * a negative libuv error (then <l> is closed; the others stay). */
+static int listener_start(listener *l, uint16_t *bound_port)
 {
     struct sockaddr_storage ss;
     int len = sizeof(ss);
-    int rc = uv_listen((uv_stream_t *)&h->listener, 4096, on_connection);
+    int rc = uv_listen((uv_stream_t *)&l->tcp, 4096, on_connection);
 
     if (rc == 0)
-        rc = uv_tcp_getsockname(&h->listener, (struct sockaddr *)&ss, &len);
-    if (rc != 0)
+        rc = uv_tcp_getsockname(&l->tcp, (struct sockaddr *)&ss, &len);
+    if (rc != 0) {
+        uv_close((uv_handle_t *)&l->tcp, NULL);
         return rc;
-    h->listening = 1;
+    }
+    l->http->listening = 1;
     *bound_port = ntohs(ss.ss_family == AF_INET
                             ? ((struct sockaddr_in *)&ss)->sin_port
                             : ((struct sockaddr_in6 *)&ss)->sin6_port);
     return 0;
 }
 
-int pl_http_listen(pl_http *h, const char *host, uint16_t port,
+int pl_http_listen(pl_http *h, const struct sockaddr *addr, unsigned flags,
                    uint16_t *bound_port)
 {
-    struct sockaddr_storage ss;
+    listener *l = listener_new(h);
     int rc;
 
-    if (uv_ip4_addr(host, port, (struct sockaddr_in *)&ss) != 0 &&
-        (rc = uv_ip6_addr(host, port, (struct sockaddr_in6 *)&ss)) != 0)
+    if (l == NULL)
+        return UV_ENOBUFS;
+    rc = uv_tcp_bind(&l->tcp, addr, flags);
+    if (rc != 0) {
+        uv_close((uv_handle_t *)&l->tcp, NULL);
         return rc;
-    rc = uv_tcp_bind(&h->listener, (const struct sockaddr *)&ss, 0);
-    return rc != 0 ? rc : start_listening(h, bound_port);
+    }
+    return listener_start(l, bound_port);
 }
 
 static void close_listener(pl_http *h)
 {
     h->listening = 0;
-    if (!uv_is_closing((uv_handle_t *)&h->listener))
-        uv_close((uv_handle_t *)&h->listener, NULL);
+    for (int i = 0; i < h->nlisteners; i++)
+        if (!uv_is_closing((uv_handle_t *)&h->listeners[i].tcp))
+            uv_close((uv_handle_t *)&h->listeners[i].tcp, NULL);
 }
 
 void pl_http_drain(pl_http *h, void (*done)(void *arg), void *arg)

@@ -18,6 +18,7 @@ static int read_deployment(const pl_request *req, pl_token_verifier *verifier,
 {
     const char *id = req->header[PL_HDR_DEPLOYMENT_ID];
     size_t len = req->header_len[PL_HDR_DEPLOYMENT_ID];
+    long n;
 
     if (verifier != NULL) {
         const char *why = "";
@@ -43,13 +44,14 @@ static int read_deployment(const pl_request *req, pl_token_verifier *verifier,
             return 401;
         }
     }
-    if (pl_token_is_jwt(id, len)) {
-        /* unverified: the claim names the key, nothing more */
-        long n = pl_token_deployment(id, len, claims->deployment, sizeof(claims->deployment));
-        if (n < 0) {
-            *err = "x-trigger-deployment-id is a token without a deployment claim";
-            return 400;
-        }
+    /* unverified: a token's claim names the key, nothing more; a value
+     * that does not decode as a JWT is a bare id, dots or not */
+    n = pl_token_deployment(id, len, claims->deployment, sizeof(claims->deployment));
+    if (n == -1) {
+        *err = "x-trigger-deployment-id is a token without a deployment claim";
+        return 400;
+    }
+    if (n >= 0) {
         id = claims->deployment;
         len = (size_t)n;
     }

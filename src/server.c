@@ -9,6 +9,8 @@
 
 #include <sys/resource.h>
 
+#include <netdb.h>
+
 #include "pilotlight/broker.h"
 #include "pilotlight/handover.h"
 #include "pilotlight/http.h"
@@ -105,6 +107,121 @@ static void on_signal(uv_signal_t *sig, int signum)
     } else {
         start_drain(s);
     }
+}
+
+/* "1.2.3.4:80" or "[::1]:80" for <sa> with <port>, into <out>. */
+static void format_address(const struct sockaddr *sa, uint16_t port, char *out, size_t len)
+{
+    char ip[INET6_ADDRSTRLEN] = "?";
+
+    if (sa->sa_family == AF_INET6) {
+        uv_ip6_name((const struct sockaddr_in6 *)(const void *)sa, ip, sizeof(ip));
+        snprintf(out, len, "[%s]:%u", ip, port);
+    } else {
+        uv_ip4_name((const struct sockaddr_in *)(const void *)sa, ip, sizeof(ip));
+        snprintf(out, len, "%s:%u", ip, port);
+    }
+}
+
+static void set_port(struct sockaddr *sa, uint16_t port)
+{
+    if (sa->sa_family == AF_INET6)
+        ((struct sockaddr_in6 *)(void *)sa)->sin6_port = htons(port);
+    else
+        ((struct sockaddr_in *)(void *)sa)->sin_port = htons(port);
+}
+
+/* 1 when an entry of <list> before <ai> has the same address (a hosts
+ * file may name one address twice). */
+static int seen_before(const struct addrinfo *list, const struct addrinfo *ai)
+{
+    for (; list != ai; list = list->ai_next) {
+        if (list->ai_family != ai->ai_family)
+            continue;
+        if (ai->ai_family == AF_INET6
+                ? memcmp(&((struct sockaddr_in6 *)(void *)list->ai_addr)->sin6_addr,
+                         &((struct sockaddr_in6 *)(void *)ai->ai_addr)->sin6_addr, 16) == 0
+                : ((struct sockaddr_in *)(void *)list->ai_addr)->sin_addr.s_addr ==
+                      ((struct sockaddr_in *)(void *)ai->ai_addr)->sin_addr.s_addr)
+            return 1;
+    }
+    return 0;
+}
+
+/* The addresses of <addr>'s host into *list: a numeric host is one
+ * address (<one>, in <ss>), a name is resolved now, once, before the loop
+ * runs (free the list with uv_freeaddrinfo unless it is <one>). Returns 0
+ * or a libuv error. */
+static int resolve(server *s, const pl_listen_addr *addr, struct addrinfo *one,
+                   struct sockaddr_storage *ss, struct addrinfo **list)
+{
+    struct addrinfo hints;
+    uv_getaddrinfo_t req;
+    int rc;
+
+    memset(one, 0, sizeof(*one));
+    if (uv_ip4_addr(addr->host, 0, (struct sockaddr_in *)(void *)ss) == 0 ||
+        uv_ip6_addr(addr->host, 0, (struct sockaddr_in6 *)(void *)ss) == 0) {
+        one->ai_family = ss->ss_family;
+        one->ai_addr = (struct sockaddr *)ss;
+        *list = one;
+        return 0;
+    }
+    memset(&hints, 0, sizeof(hints));
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    rc = uv_getaddrinfo(&s->loop, &req, NULL, addr->host, NULL, &hints); /* synchronous */
+    *list = rc == 0 ? req.addrinfo : NULL;
+    if (rc != 0)
+        PL_LOG(PL_LOG_ERROR, "cannot resolve listen address",
+               "\"host\":\"%s\",\"error\":\"%s\"", addr->host, uv_strerror(rc));
+    return rc;
+}
+
+/* Listens on every address of <addr>'s host (see resolve()), all on the
+ * same port: with port 0, the one the first bind picked. With several
+ * addresses, IPv6 ones are bound IPv6-only so none overlaps an IPv4 one; a
+ * lone [::] stays dual-stack (libuv clears IPV6_V6ONLY). An address this
+ * host cannot bind (EADDRNOTAVAIL, EAFNOSUPPORT: e.g. ::1 in a container
+ * without IPv6) is skipped with a warning. Returns 0 when at least one
+ * listens and no other error occurred. */
+static int listen_all(server *s, pl_http *h, const pl_listen_addr *addr, const char *role)
+{
+    struct addrinfo one, *list, *ai;
+    struct sockaddr_storage ss;
+    uint16_t port = addr->port;
+    char where[INET6_ADDRSTRLEN + 8];
+    int rc = resolve(s, addr, &one, &ss, &list), bound = 0;
+
+    for (ai = list; ai != NULL && rc == 0; ai = ai->ai_next) {
+        if (seen_before(list, ai))
+            continue;
+        set_port(ai->ai_addr, port);
+        rc = pl_http_listen(h, ai->ai_addr,
+                            list->ai_next != NULL && ai->ai_family == AF_INET6
+                                ? UV_TCP_IPV6ONLY : 0,
+                            &port);
+        format_address(ai->ai_addr, port, where, sizeof(where));
+        if (rc == UV_EADDRNOTAVAIL || rc == UV_EAFNOSUPPORT) {
+            PL_LOG(PL_LOG_WARN, "address not available here, skipped",
+                   "\"host\":\"%s\",\"address\":\"%s\",\"error\":\"%s\"",
+                   addr->host, where, uv_strerror(rc));
+            rc = 0;
+        } else if (rc == 0) {
+            bound++;
+            PL_LOG(PL_LOG_INFO, "listening",
+                   "\"address\":\"%s\",\"host\":\"%s\",\"serves\":\"%s\","
+                   "\"version\":\"" PL_VERSION "\"", where, addr->host, role);
+        }
+    }
+    if (list != &one)
+        uv_freeaddrinfo(list);
+    if (rc == 0 && bound == 0)
+        rc = UV_EADDRNOTAVAIL;
+    if (rc != 0)
+        PL_LOG(PL_LOG_ERROR, "cannot listen", "\"host\":\"%s\",\"port\":%u,\"error\":\"%s\"",
+               addr->host, port, uv_strerror(rc));
+    return rc;
 }
 
 static pl_http_limits http_limits(const pl_config *cfg)
@@ -257,24 +374,16 @@ static pl_http *new_http(server *s, unsigned serves)
     return h;
 }
 
-/* Listens with <h> on <addr>. Returns 0, or -1 (logged). */
-static int listen_on(pl_http *h, const pl_listen_addr *addr, unsigned serves)
+/* Listens with <h> on every address of <addr>. Returns 0, or -1 (logged). */
+static int listen_on(server *s, pl_http *h, const pl_listen_addr *addr, unsigned serves)
 {
     const char *role = serves == PL_SERVE_DISPATCH ? "dispatch"
                        : serves == PL_SERVE_CONTROLLERS ? "controllers" : "all";
-    uint16_t port;
-    int rc = pl_http_listen(h, addr->host, addr->port, &port);
 
-    if (rc != 0) {
-        PL_LOG(PL_LOG_ERROR, "cannot listen", "\"host\":\"%s\",\"port\":%u,\"error\":\"%s\"",
-               addr->host, addr->port, uv_strerror(rc));
+    if (listen_all(s, h, addr, role) != 0) {
         pl_http_stop(h);
         return -1;
     }
-    PL_LOG(PL_LOG_INFO, "listening", strchr(addr->host, ':')
-               ? "\"address\":\"[%s]:%u\",\"serves\":\"%s\",\"version\":\"" PL_VERSION "\""
-               : "\"address\":\"%s:%u\",\"serves\":\"%s\",\"version\":\"" PL_VERSION "\"",
-           addr->host, port, role);
     return 0;
 }
 
@@ -338,8 +447,8 @@ static int start(server *s)
         if (adopt(s, fdvar) != 0)
             return -1;
     } else {
-        if (listen_on(s->http, &cfg->listen, s->serves[0]) != 0 ||
-            (split && listen_on(s->dispatch_http, &cfg->dispatch_listen, s->serves[1]) != 0))
+        if (listen_on(s, s->http, &cfg->listen, s->serves[0]) != 0 ||
+            (split && listen_on(s, s->dispatch_http, &cfg->dispatch_listen, s->serves[1]) != 0))
             return -1;
         pl_handover_notify("READY=1");
     }

@@ -92,17 +92,22 @@ static long b64url_decode(const char *in, size_t len, unsigned char *out, int st
     return n;
 }
 
-int pl_token_is_jwt(const char *s, size_t len)
+/* Sets *dot1 and *dot2 and returns 1 when <s> is three non-empty base64url
+ * segments joined by dots. */
+static int jwt_shape(const char *s, size_t len, const char **dot1, const char **dot2)
 {
-    size_t seg = 0, dots = 0;
+    size_t seg = 0;
+    const char *dots[2] = {NULL, NULL};
+    int n = 0;
 
     /* Every poll asks this of its deployment id: a plain id has no dot. */
     if (memchr(s, '.', len) == NULL)
         return 0;
     for (size_t i = 0; i < len; i++) {
         if (s[i] == '.') {
-            if (seg == 0 || ++dots > 2)
+            if (seg == 0 || n == 2)
                 return 0;
+            dots[n++] = s + i;
             seg = 0;
         } else if (b64url_value((unsigned char)s[i]) < 0) {
             return 0;
@@ -110,7 +115,9 @@ int pl_token_is_jwt(const char *s, size_t len)
             seg++;
         }
     }
-    return dots == 2 && seg > 0;
+    *dot1 = dots[0];
+    *dot2 = dots[1];
+    return n == 2 && seg > 0;
 }
 
 long pl_token_b64url_decode(const char *in, size_t len, unsigned char *out)
@@ -118,28 +125,73 @@ long pl_token_b64url_decode(const char *in, size_t len, unsigned char *out)
     return b64url_decode(in, len, out, 0);
 }
 
+/* Decodes the base64url segment <seg> leniently and parses it as JSON.
+ * Returns the value when it is an object (caller deletes it), else NULL. */
+static cJSON *lenient_object(const char *seg, size_t len)
+{
+    unsigned char *json = pl_malloc(len * 3 / 4 + 4);
+    cJSON *obj = NULL;
+    long n;
+
+    if (json == NULL)
+        return NULL;
+    n = pl_token_b64url_decode(seg, len, json);
+    if (n > 0)
+        obj = cJSON_ParseWithLength((const char *)json, (size_t)n);
+    pl_free(json);
+    if (obj != NULL && !cJSON_IsObject(obj)) {
+        cJSON_Delete(obj);
+        obj = NULL;
+    }
+    return obj;
+}
+
+/* 1 when <seg> decodes to a JSON object whose "alg" is a non-empty string:
+ * what makes a first segment a JWT header rather than part of an id. */
+static int is_jwt_header(const char *seg, size_t len)
+{
+    cJSON *hdr = lenient_object(seg, len);
+    const cJSON *alg = cJSON_GetObjectItemCaseSensitive(hdr, "alg");
+    int yes = cJSON_IsString(alg) && alg->valuestring[0] != '\0';
+
+    cJSON_Delete(hdr);
+    return yes;
+}
+
+/* The payload object of <s> when <s> decodes as a JWT (see pl_token_is_jwt),
+ * else NULL. The caller deletes it. */
+static cJSON *jwt_payload(const char *s, size_t len)
+{
+    const char *dot1, *dot2;
+
+    if (!jwt_shape(s, len, &dot1, &dot2) || !is_jwt_header(s, (size_t)(dot1 - s)))
+        return NULL;
+    return lenient_object(dot1 + 1, (size_t)(dot2 - dot1 - 1));
+}
+
+int pl_token_is_jwt(const char *s, size_t len)
+{
+    cJSON *payload = jwt_payload(s, len);
+    int yes = payload != NULL;
+
+    cJSON_Delete(payload);
+    return yes;
+}
+
 long pl_token_deployment(const char *s, size_t len, char *out, size_t cap)
 {
-    const char *p = memchr(s, '.', len), *q;
-    unsigned char *json;
-    cJSON *root, *dep;
-    long n, rc = -1;
+    cJSON *payload = jwt_payload(s, len);
+    const cJSON *dep = cJSON_GetObjectItemCaseSensitive(payload, "deployment");
+    long rc = -1;
 
-    if (p == NULL || (q = memchr(p + 1, '.', len - (size_t)(p + 1 - s))) == NULL)
-        return -1;
-    json = pl_malloc((size_t)(q - p) * 3 / 4 + 4);
-    if (json == NULL)
-        return -1;
-    n = pl_token_b64url_decode(p + 1, (size_t)(q - p - 1), json);
-    root = n > 0 ? cJSON_ParseWithLength((const char *)json, (size_t)n) : NULL;
-    dep = cJSON_GetObjectItemCaseSensitive(root, "deployment");
+    if (payload == NULL)
+        return PL_TOKEN_NOT_JWT;
     if (cJSON_IsString(dep) && dep->valuestring[0] != '\0' &&
         strlen(dep->valuestring) < cap) {
         rc = (long)strlen(dep->valuestring);
         memcpy(out, dep->valuestring, (size_t)rc + 1);
     }
-    cJSON_Delete(root);
-    pl_free(json);
+    cJSON_Delete(payload);
     return rc;
 }
 
@@ -580,16 +632,19 @@ pl_token_result pl_token_verify(pl_token_verifier *v, const char *s, size_t len,
     dot2 = dot1 ? memchr(dot1 + 1, '.', len - (size_t)(dot1 + 1 - s)) : NULL;
     if (dot2 == NULL)
         return outcome(PL_TOKEN_LEGACY, "legacy", why);
-    if (len > PL_TOKEN_MAX)
-        return outcome(PL_TOKEN_INVALID, "too_long", why);
-    if (dot1 == s || dot2 == dot1 + 1 || dot2 + 1 == s + len ||
-        memchr(dot2 + 1, '.', len - (size_t)(dot2 + 1 - s)) != NULL)
-        return outcome(PL_TOKEN_INVALID, "malformed", why);
     if ((e = cache_find(v, s, len, now_seconds)) != NULL) {
         v->stats.hits++;
         *out = e->claims;
         return outcome(PL_TOKEN_VALID, "valid", why);
     }
+    /* Ids are opaque: dots alone do not make a token, a JWT header does. */
+    if (!is_jwt_header(s, (size_t)(dot1 - s)))
+        return outcome(PL_TOKEN_LEGACY, "legacy", why);
+    if (len > PL_TOKEN_MAX)
+        return outcome(PL_TOKEN_INVALID, "too_long", why);
+    if (dot1 == s || dot2 == dot1 + 1 || dot2 + 1 == s + len ||
+        memchr(dot2 + 1, '.', len - (size_t)(dot2 + 1 - s)) != NULL)
+        return outcome(PL_TOKEN_INVALID, "malformed", why);
     memset(&c, 0, sizeof(c));
     reason = verify_fresh(v, s, len, dot1, dot2, now_seconds, &c);
     if (reason != NULL)

@@ -196,9 +196,9 @@ static const char *hand_over(pl_upgrade *u)
 
     for (int i = 0; i < 2; i++) {
         pl_handover_rec r = {.type = PL_HO_LISTENER, .serves = (uint8_t)u->o.serves[i]};
-        if (u->o.https[i] == NULL || (r.fd = pl_http_listener_fd(u->o.https[i])) < 0)
-            continue;
-        add(&bt, &r);
+        for (int j = 0; u->o.https[i] != NULL && j < pl_http_listener_count(u->o.https[i]); j++)
+            if ((r.fd = pl_http_listener_fd(u->o.https[i], j)) >= 0)
+                add(&bt, &r);
     }
     pl_broker_each_parked(u->o.broker, send_parked, &bt);
     for (int i = 0; i < 2; i++) {

@@ -10,11 +10,11 @@
 #include "pilotlight/engine.h"
 #include "pilotlight/log.h"
 
-#define PL_CONFIG_HOST_MAX 64
+#define PL_CONFIG_HOST_MAX 256
 #define PL_CONFIG_STRING_MAX 512
 
 typedef struct {
-    char host[PL_CONFIG_HOST_MAX]; /* numeric IPv4 or IPv6; "" = not set */
+    char host[PL_CONFIG_HOST_MAX]; /* IPv4, IPv6 or a name; "" = not set */
     uint16_t port;
 } pl_listen_addr;
 

@@ -52,9 +52,13 @@ pl_http *pl_http_new(uv_loop_t *loop, const pl_http_limits *limits,
  * from now on; the new timeouts to every connection waiting now. */
 void pl_http_set_limits(pl_http *h, const pl_http_limits *limits);
 
-/* Listens on host:port. Returns 0 and sets *bound_port, or a negative libuv
- * error. */
-int pl_http_listen(pl_http *h, const char *host, uint16_t port,
+/* Most addresses one server context listens on. */
+#define PL_HTTP_LISTENERS_MAX 8
+
+/* Listens on <addr> too (each call adds a listener; <flags> as for
+ * uv_tcp_bind, e.g. UV_TCP_IPV6ONLY). Returns 0 and sets *bound_port, or a
+ * negative libuv error (the failed listener is closed; the others stay). */
+int pl_http_listen(pl_http *h, const struct sockaddr *addr, unsigned flags,
                    uint16_t *bound_port);
 
 /* Stops accepting, closes idle connections, and lets requests in progress
@@ -72,7 +76,7 @@ void pl_http_free(pl_http *h);
 
 uint64_t pl_http_connections(const pl_http *h);
 
-/* Whether pl_http_listen() succeeded and the listener is open. */
+/* Whether a pl_http_listen() succeeded and the listeners are open. */
 int pl_http_listening(const pl_http *h);
 
 /* Sends a response with <status>, optional Content-Type, optional extra
@@ -132,12 +136,15 @@ void *pl_conn_data(const pl_conn *c, unsigned *kind);
  * refused <fd>). */
 pl_conn *pl_http_adopt(pl_http *h, int fd, int parked, int keep_alive);
 
-/* Takes the listening socket <fd> into <h> (consumed either way) and
- * accepts on it. Returns 0 and sets *bound_port, or a negative libuv error. */
+/* Takes the listening socket <fd> into <h> as one more listener (consumed
+ * either way) and accepts on it. Returns 0 and sets *bound_port, or a
+ * negative libuv error. */
 int pl_http_adopt_listener(pl_http *h, int fd, uint16_t *bound_port);
 
-/* The listening socket's descriptor, or -1 when not listening. */
-int pl_http_listener_fd(const pl_http *h);
+/* Listener <i>'s descriptor (0 <= i < pl_http_listener_count), or -1 when
+ * it does not listen. */
+int pl_http_listener_fd(const pl_http *h, int i);
+int pl_http_listener_count(const pl_http *h);
 
 /* <c>'s descriptor when it can be handed over whole (no request part-way
  * in, nothing buffered either way, not closing), else -1. */

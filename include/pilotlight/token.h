@@ -19,7 +19,10 @@
  * dropped to make room. */
 #define PL_TOKEN_CACHE_MAX 1024
 
-/* Returns 1 when <s> is three non-empty base64url segments joined by dots. */
+/* Returns 1 when <s> decodes as a JWT: three non-empty base64url segments
+ * joined by dots, the first a JSON object whose "alg" is a non-empty string
+ * (the JOSE header), the second a JSON object. Anything else, dots or not,
+ * is a bare deployment id: ids are opaque strings. Checks no signature. */
 int pl_token_is_jwt(const char *s, size_t len);
 
 /* Decodes base64url (no padding) <in> into <out> (room for len*3/4+3 bytes).
@@ -28,16 +31,21 @@ int pl_token_is_jwt(const char *s, size_t len);
  * uses a strict decoder of its own. */
 long pl_token_b64url_decode(const char *in, size_t len, unsigned char *out);
 
-/* For a JWT-shaped <s>, copies the payload's "deployment" claim into <out>
- * (<cap> bytes, NUL-terminated). Returns its length, or -1 when the payload
- * is not base64url JSON or has no non-empty string "deployment" claim that
- * fits. Checks no signature: use pl_token_verify() for that. */
+/* pl_token_deployment() of a value that is not a JWT: a bare id. */
+#define PL_TOKEN_NOT_JWT (-2)
+
+/* For a value that decodes as a JWT (pl_token_is_jwt), copies the payload's
+ * "deployment" claim into <out> (<cap> bytes, NUL-terminated). Returns its
+ * length; -1 when the JWT has no non-empty string "deployment" claim that
+ * fits; PL_TOKEN_NOT_JWT when <s> is a bare id. Checks no signature: use
+ * pl_token_verify() for that. */
 long pl_token_deployment(const char *s, size_t len, char *out, size_t cap);
 
 typedef enum {
     PL_TOKEN_VALID,   /* signature and claims check out; claims filled */
-    PL_TOKEN_INVALID, /* has two dots (so claims to be a token) but fails */
-    PL_TOKEN_LEGACY,  /* a bare deployment id: fewer than two dots */
+    PL_TOKEN_INVALID, /* has a JWT header (so claims to be a token) but fails */
+    PL_TOKEN_LEGACY,  /* a bare deployment id: no JWT header (a base64url
+                         JSON object with a string "alg") before two dots */
     PL_TOKEN_ABSENT,  /* empty value */
 } pl_token_result;
 
@@ -89,7 +97,7 @@ void pl_token_verifier_free(pl_token_verifier *v);
  *   bad_ver, bad_claim (a required claim missing or of the wrong type, or
  *   too long), expired, not_yet_valid (nbf in the future), no_memory (a
  *   decode buffer; a failed cJSON allocation reads as bad_header or
- *   bad_payload).
+ *   bad_payload, or as legacy while the first segment is read).
  * A valid token is cached (keyed by its exact bytes) until its exp, so a
  * repeated poll skips HMAC and JSON. Returns the classification. */
 pl_token_result pl_token_verify(pl_token_verifier *v, const char *s, size_t len,

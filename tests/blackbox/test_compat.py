@@ -91,10 +91,47 @@ def test_trigger_dev_warm_start_client():
         detail = (f"result: {json.dumps(result, indent=1)}\nclient stderr (tail):\n{proc.stderr[-3000:]}"
                   f"\nserver stderr (tail):\n{server.stderr()[-3000:]}")
         assert proc.returncode == 0 and result.get("ok") is True, detail
-        assert set(result["cases"]) == {"match", "abort", "repoll"}, detail
+        assert set(result["cases"]) == {"match", "dotted", "abort", "repoll"}, detail
         assert "skipped" not in result["cases"]["repoll"], detail
     finally:
         code = server.stop()
     log = server.stderr()
     assert code == 0, f"exit code {code}:\n{log[-3000:]}"
     assert "AddressSanitizer" not in log and "runtime error:" not in log, log[-5000:]
+
+
+def test_trigger_dev_warm_start_client_through_haproxy(tmp_path):
+    """The same client through deploy/haproxy/haproxy.cfg (one instance on
+    all three server lines, so /metrics is that instance's): the proxy's
+    routing, its abort propagation and its dotted-id rule. Not "repoll":
+    through the proxy a timed-out poll's close and its successor race to the
+    instance, so the old poll may end replaced instead of disconnected,
+    which that case tells apart."""
+    from test_haproxy import HAPROXY, WHY_SKIP, Proxy
+    node = shutil.which("node")
+    if node is None or shutil.which("npm") is None:
+        pytest.skip("node/npm are not installed: the compat test needs them")
+    if HAPROXY is None:
+        pytest.skip(WHY_SKIP)
+    _ensure_node_modules()
+    server = Server("--connection-timeout-ms", str(CONNECTION_TIMEOUT_MS),
+                    "--keepalive-ms", "20000", "--log-level", "info")
+    server.port = int(server.address.rsplit(":", 1)[1])
+    proxy = Proxy([server] * 3, str(tmp_path))
+    try:
+        cases = ["match", "dotted", "abort"]
+        proc = subprocess.run([node, str(COMPAT / "compat.mjs"), f"http://127.0.0.1:{proxy.port}"]
+                              + [a for c in cases for a in ("--case", c)],
+                              capture_output=True, text=True, timeout=90)
+        lines = proc.stdout.strip().splitlines()
+        result = json.loads(lines[-1]) if lines else {}
+        detail = (f"result: {json.dumps(result, indent=1)}\nclient stderr (tail):\n{proc.stderr[-3000:]}"
+                  f"\nhaproxy log (tail):\n{proxy.log()[-3000:]}")
+        assert proc.returncode == 0 and result.get("ok") is True, detail
+        assert set(result["cases"]) == set(cases), detail
+        dotted = result["cases"]["dotted"]["deploymentId"]
+        assert any(key.startswith(dotted + " ") for key, _ in proxy.routing_keys()), detail
+    finally:
+        proxy.stop()
+        code = server.stop()
+    assert code == 0, server.stderr()[-3000:]

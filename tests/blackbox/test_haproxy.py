@@ -6,8 +6,10 @@ proxy hashes the four key fields (headers for a poll, the JSON body for a
 dispatch) onto a consistent-hash ring. These tests hold it to "every dispatch
 is answered exactly as one instance would answer it", with numbers written
 differently on the two sides and deployment tokens, and through the loss of
-an instance (killed, or drained by SIGTERM): its controllers are parked again
-on the survivors without seeing an error, and are matched again.
+an instance (killed, or drained by SIGTERM): its controllers see their
+connection close without a response (never a 502), poll again as a real
+controller does, are parked on the survivors and matched again; with
+PL_HAPROXY_RETRY_ON the proxy resends the polls and they see nothing.
 
 Skipped, saying why, only where haproxy (2.6 or later) is not installed:
 deploy/install-deps.sh --test installs Debian's.
@@ -70,9 +72,10 @@ class Proxy:
     """haproxy -db with the repository's config; servers, ports and sockets
     come in through the environment variables the config reads."""
 
-    def __init__(self, servers, tmpdir):
+    def __init__(self, servers, tmpdir, env=None):
         self.dir = tmpdir
         self.servers = servers
+        self.extra_env = env or {}
         self.stats_sock = os.path.join(tmpdir, "haproxy.sock")
         self.log_path = os.path.join(tmpdir, "haproxy.log")
         self.proc = None
@@ -90,6 +93,7 @@ class Proxy:
             "PL_HAPROXY_STATS_BIND": os.path.join(self.dir, "stats-http.sock"),
             "PL_HAPROXY_MAXCONN": "1000",
         })
+        env.update(self.extra_env)
         for i, s in enumerate(self.servers, 1):
             env[f"PL_SERVER_{i}"] = f"{HOST}:{s.port}"
         self.logf = open(self.log_path, "ab")
@@ -177,6 +181,19 @@ def cluster(start_server):
 
 
 @pytest.fixture
+def resend_cluster(start_server):
+    """As `cluster`, with HAProxy resending polls an instance closed
+    (PL_HAPROXY_RETRY_ON, off by default for its memory)."""
+    servers = [start_server() for _ in range(3)]
+    with tempfile.TemporaryDirectory() as d:
+        proxy = Proxy(servers, d, env={"PL_HAPROXY_RETRY_ON": "conn-failure empty-response"})
+        try:
+            yield proxy, servers
+        finally:
+            proxy.stop()
+
+
+@pytest.fixture
 def drain_cluster(start_server):
     """As `cluster`, with a drain delay long enough for the proxy's health
     checks (inter 1 s, fastinter 250 ms, fall 2) to see /readyz turn 503."""
@@ -243,10 +260,12 @@ class Controller:
     """A poll through the proxy, and what a real controller would do with
     its outcome."""
 
-    def __init__(self, port, key, n, token=False, cpu_text=None, mem_text=None):
+    def __init__(self, port, key, n, token=False, cpu_text=None, mem_text=None, dep_header=None):
         self.port, self.key = port, key
         dep, ver, cpu, mem = key
-        self.headers = poll_headers(deployment=deployment_token(dep) if token else dep,
+        if dep_header is None:
+            dep_header = deployment_token(dep) if token else dep
+        self.headers = poll_headers(deployment=dep_header,
                                     version=ver,
                                     cpu=js_text(cpu) if cpu_text is None else cpu_text,
                                     memory=js_text(mem) if mem_text is None else mem_text,
@@ -420,6 +439,32 @@ def test_large_dispatch_body_still_routes(cluster):
         check_payload(c, m)
 
 
+def test_dispatch_body_larger_than_the_buffer_is_forwarded(cluster):
+    """A body past tune.bufsize cannot be hashed, but HAProxy streams it to
+    some instance, which answers it: a true (payload intact) or a false,
+    never an error."""
+    proxy, servers = cluster
+    key = key_of(3, prefix="deployment_huge")
+    c = Controller(proxy.port, key, 0)
+    wait_total(servers, "parked_now", 1, "the poll to park")
+    dep, ver, cpu, mem = key
+    m = make_message(deployment=dep, version=ver, cpu=cpu, memory=mem, run_id="run_huge")
+    m["completedWaitpoints"] = [{"id": "waitpoint_1", "output": "x" * 900_000}]
+    body = json.dumps({"dequeuedMessage": m})
+    assert 900_000 < len(body) < 1_048_576          # under pilotlight's max_body_bytes
+    r = Conn(proxy.port, timeout=WAIT)
+    try:
+        r.request("POST", "/warm-start", {"Content-Type": "application/json"}, body)
+        resp = r.read_response()
+    finally:
+        r.close()
+    assert resp.status == 200 and set(resp.json()) == {"didWarmStart"}, resp
+    if resp.json()["didWarmStart"]:
+        check_payload(c, m)
+    else:
+        c.close()
+
+
 def test_controller_abort_reaches_the_instance(cluster):
     """A controller that gives up closes its connection (a FIN). The proxy
     must pass that on at once, or a dispatch could be 'delivered' to nobody."""
@@ -481,6 +526,15 @@ def test_killed_instance_controllers_parked_again_and_matched(cluster):
     proxy, servers = cluster
     moved, repolls = _lose_one(proxy, servers, "kill")
     assert moved > 0
+    # Each of the lost instance's controllers saw a close without a response
+    # (never the 502), and polled again by itself, as a real one does.
+    assert repolls == moved
+
+
+def test_killed_instance_with_resend_controllers_never_see_it(resend_cluster):
+    proxy, servers = resend_cluster
+    moved, repolls = _lose_one(proxy, servers, "kill")
+    assert moved > 0
     # The proxy re-sent the polls itself; no controller even saw the close.
     assert repolls == 0
 
@@ -489,4 +543,45 @@ def test_drained_instance_controllers_parked_again_and_matched(drain_cluster):
     proxy, servers = drain_cluster
     moved, repolls = _lose_one(proxy, servers, "term")
     assert moved > 0
-    assert repolls == 0
+    assert repolls == moved
+
+
+def test_dotted_bare_ids_route_as_pilotlight_keys_them(cluster):
+    """Ids are opaque: a bare id with two dots is hashed whole, as pilotlight
+    keys it; only a value with a JWT header is read for its claim."""
+    proxy, servers = cluster
+    hs256 = b64url({"alg": "HS256"})
+    cases = []                                   # (header value, key deployment)
+    for j in range(4):
+        cases.append((f"deployment_app{j}.v2.eu", f"deployment_app{j}.v2.eu"))
+        cases.append((f"a{j}.b.c", f"a{j}.b.c"))
+        # a JSON object first, but no "alg": a bare id
+        no_alg = f"{b64url({'typ': 'JWT'})}.{b64url({'deployment': f'deployment_na{j}'})}.c2ln"
+        cases.append((no_alg, no_alg))
+        # a JWT header, but no JSON object after it: a bare id
+        no_obj = f"{hs256}.{b64url([j])}.c2ln"
+        cases.append((no_obj, no_obj))
+        # a token whose claim has dots: keyed by the claim
+        cases.append((deployment_token(f"deployment_tok{j}.v2.eu"), f"deployment_tok{j}.v2.eu"))
+    ctrls = []
+    for n, (value, dep) in enumerate(cases):
+        key = (dep, "20261201.1", CPUS[n % 5], MEMORIES[n % 6])
+        ctrls.append(Controller(proxy.port, key, n, dep_header=value))
+    wait_total(servers, "parked_now", len(cases), "polls to park")
+    assert all(scrape(s.port).parked_now > 0 for s in servers), "keys not spread"
+    for c in ctrls:
+        ok, msg = dispatch_via(proxy.port, c.key, f"run_dot_{c.key[0][:24]}")
+        assert ok, f"{c.headers['x-trigger-deployment-id']} (key {c.key[0]}) missed"
+        check_payload(c, msg)
+    # HAProxy logs a request once its stream ends, a moment after the answer.
+    deadline = time.monotonic() + WAIT
+    while True:
+        routed = {"GET": set(), "POST": set()}
+        for key, method in proxy.routing_keys():
+            routed[method].add(key)
+        deps = [{k.split(" ")[0] for k in routed[m]} for m in ("GET", "POST")]
+        if deps[0] == deps[1] == {dep for _, dep in cases} or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert routed["GET"] == routed["POST"], routed
+    assert {k.split(" ")[0] for k in routed["GET"]} == {dep for _, dep in cases}

@@ -1,6 +1,6 @@
 // compat.mjs -- drives pilotlight with Trigger.dev's real WarmStartClient.
 //
-// Usage: node compat.mjs BASE_URL [--case match|abort|repoll ...]
+// Usage: node compat.mjs BASE_URL [--case match|dotted|abort|repoll ...]
 //
 // The controller side is the WarmStartClient from @trigger.dev/core (the code
 // a real run controller runs); the supervisor side is a POST shaped exactly
@@ -147,10 +147,10 @@ async function waitMetrics(base, pred, what, ms = STEP_TIMEOUT_MS) {
 // ---- the two real parties --------------------------------------------------
 
 /** A match key plus the message the supervisor would dispatch for it. */
-function makeJob(example, machine) {
+function makeJob(example, machine, friendlyId = (tag) => `deployment_compat${tag}`) {
   const tag = randomUUID().replaceAll("-", "").slice(0, 16);
   const msg = structuredClone(example);
-  msg.deployment.friendlyId = `deployment_compat${tag}`;
+  msg.deployment.friendlyId = friendlyId(tag);
   msg.backgroundWorker.version = example.backgroundWorker.version;
   msg.run.id = `compatrun${tag}`;
   msg.run.friendlyId = `run_compatrun${tag}`;
@@ -238,7 +238,16 @@ function checkDelivered(ctl, job, settled) {
 // ---- cases -----------------------------------------------------------------
 
 async function caseMatch(base, example) {
-  const job = makeJob(example, { name: "small-1x", cpu: 0.5, memory: 0.5 });
+  return matchOnce(base, makeJob(example, { name: "small-1x", cpu: 0.5, memory: 0.5 }));
+}
+
+/** Ids are opaque: a bare id with two dots (shaped like a JWT) is an id. */
+async function caseDotted(base, example) {
+  const job = makeJob(example, { name: "small-2x", cpu: 1, memory: 1 }, (tag) => `deployment_${tag}.v2.eu`);
+  return { deploymentId: job.deploymentId, ...(await matchOnce(base, job)) };
+}
+
+async function matchOnce(base, job) {
   const ctl = makeController(base, job);
   const before = await scrape(base);
   check(before.parkedNow === 0, "parked_now at start", before.parkedNow);
@@ -309,7 +318,7 @@ async function caseRepoll(base, example) {
   return { controllerId: ctl.controllerId, polls };
 }
 
-const CASES = { match: caseMatch, abort: caseAbort, repoll: caseRepoll };
+const CASES = { match: caseMatch, dotted: caseDotted, abort: caseAbort, repoll: caseRepoll };
 
 async function main() {
   const args = process.argv.slice(2);

@@ -95,6 +95,43 @@ static void test_refusals(void)
     expect_error(a0, 1, env, "PILOTLIGHT_IDLE_TIMEOUT_MS");
 }
 
+/* Host names are taken as written (resolved when the server starts, so
+ * --check-config needs no resolver); only their spelling is checked. */
+static void test_listen_names(void)
+{
+    static const struct {
+        const char *value, *host;
+        int port;
+    } ok[] = {
+        {"localhost:8080", "localhost", 8080},
+        {"pilotlight-1.svc.cluster.local:0", "pilotlight-1.svc.cluster.local", 0},
+        {"my_host:9", "my_host", 9},
+        {"0.0.0.0:8080", "0.0.0.0", 8080},
+        {"[::]:8081", "::", 8081},
+    };
+    static const char *const bad[] = {
+        "localhost", "localhost:", ":8080", "-host:80", ".host:80", "ho st:80",
+        "[localhost]:80", "host/x:80", "10.1:80", "1.2.3.4.5:80", "localhost:http",
+    };
+    char *argv[] = {"pilotlight", NULL};
+    pl_config cfg;
+    pl_config_action action;
+    char err[512];
+
+    CHECK_EQ(load(&cfg, 1, argv, NULL, &action, err), 0);
+    for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
+        CHECK_EQ(pl_config_set(&cfg, "listen", ok[i].value, err, sizeof(err)), 0);
+        CHECK_STR(cfg.listen.host, ok[i].host);
+        CHECK_EQ(cfg.listen.port, ok[i].port);
+        CHECK_EQ(pl_config_set(&cfg, "dispatch_listen", ok[i].value, err, sizeof(err)), 0);
+        CHECK_STR(cfg.dispatch_listen.host, ok[i].host);
+    }
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        CHECK_EQ(pl_config_set(&cfg, "listen", bad[i], err, sizeof(err)), -1);
+        CHECK(strstr(err, "listen") != NULL);
+    }
+}
+
 static void test_actions(void)
 {
     char *a1[] = {"pilotlight", "--check-config", NULL};
@@ -278,6 +315,7 @@ int main(void)
     RUN(test_defaults);
     RUN(test_precedence);
     RUN(test_refusals);
+    RUN(test_listen_names);
     RUN(test_actions);
     RUN(test_documented_file_is_defaults);
     RUN(test_every_setting_documented);

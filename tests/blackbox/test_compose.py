@@ -1,0 +1,116 @@
+"""deploy/compose/docker-compose.pilotlight.yml, merged by `docker-compose
+config` (Debian's docker-compose) over deploy/compose/test/supervisor-standin.yml,
+a stand-in for the supervisor service of Trigger.dev's Docker Compose
+self-hosting. What must hold in the merged result: pilotlight on a network
+the run containers join, a health check on /healthz, the supervisor's
+environment pointing at it (its own settings kept), and an environment the
+pilotlight binary accepts (--check-config). No container is started.
+
+Skipped, saying why, only where docker-compose is not installed
+(deploy/install-deps.sh --test installs Debian's).
+"""
+
+import os
+import shutil
+import subprocess
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+
+from conftest import REPO_ROOT, run_binary
+
+COMPOSE_DIR = REPO_ROOT / "deploy" / "compose"
+STANDIN = COMPOSE_DIR / "test" / "supervisor-standin.yml"
+DROPIN = COMPOSE_DIR / "docker-compose.pilotlight.yml"
+DOCKER_COMPOSE = shutil.which("docker-compose")
+
+pytestmark = pytest.mark.skipif(
+    DOCKER_COMPOSE is None,
+    reason="docker-compose is not installed (deploy/install-deps.sh --test installs Debian's)")
+
+
+def merged(**env):
+    """`docker-compose config` of the stand-in with the drop-in over it."""
+    e = {k: v for k, v in os.environ.items()
+         if not k.startswith(("PILOTLIGHT_", "TRIGGER_", "COMPOSE_"))}
+    e.update(env)
+    p = subprocess.run([DOCKER_COMPOSE, "--project-name", "trigger", "-f", str(STANDIN),
+                        "-f", str(DROPIN), "config"], cwd=STANDIN.parent, env=e,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    return yaml.safe_load(p.stdout)
+
+
+def networks_of(service):
+    n = service.get("networks", {})
+    return dict.fromkeys(n) if isinstance(n, list) else n
+
+
+def names_on(service, network):
+    """Names a service answers to on <network>: its aliases there."""
+    return set((networks_of(service).get(network) or {}).get("aliases") or [])
+
+
+def check_merged(cfg):
+    s = cfg["services"]
+    pl, sup = s["pilotlight"], s["supervisor"]
+    standin = yaml.safe_load(STANDIN.read_text())["services"]["supervisor"]
+
+    # The supervisor keeps its own settings and networks.
+    for k, v in standin["environment"].items():
+        assert sup["environment"][k] == v, k
+    assert set(standin["networks"]) <= set(networks_of(sup))
+    assert "pilotlight" in sup.get("depends_on", {})
+
+    # Controllers reach TRIGGER_WARM_START_URL from inside the run
+    # containers: pilotlight answers to its host name on a network they join.
+    runner_nets = set(sup["environment"]["DOCKER_RUNNER_NETWORKS"].split(","))
+    url = urlsplit(sup["environment"]["TRIGGER_WARM_START_URL"])
+    assert url.scheme == "http"
+    assert any(url.hostname in names_on(pl, n) for n in runner_nets), (url, networks_of(pl))
+    listen_port = int(pl["environment"]["PILOTLIGHT_LISTEN"].rsplit(":", 1)[1])
+    assert url.port == listen_port
+
+    # The supervisor reaches its dispatch URL: pilotlight answers to that
+    # name on a network the supervisor is on.
+    durl = urlsplit(sup["environment"]["TRIGGER_WARM_START_DISPATCH_URL"])
+    assert any(durl.hostname in names_on(pl, n) for n in networks_of(sup)), durl
+
+    # A health check on /healthz of the controllers' port.
+    hc = pl["healthcheck"]
+    assert any(f":{listen_port}/healthz" in str(t) for t in hc["test"]), hc
+    assert hc["interval"] and hc["retries"] >= 1
+
+    # Every network named exists in the merged file.
+    for svc in (pl, sup):
+        for n in networks_of(svc):
+            assert n in cfg["networks"], n
+    return pl, sup, runner_nets, durl
+
+
+def check_config_accepts(env):
+    """The pilotlight binary takes the service's environment as it is."""
+    rc, out, err = run_binary("--check-config", env={k: str(v) for k, v in env.items()})
+    assert rc == 0, err
+    return dict(line.split(" = ", 1) for line in out.splitlines() if " = " in line)
+
+
+def test_one_listener_by_default():
+    pl, sup, _, durl = check_merged(merged())
+    assert durl.port == 8080 and durl.hostname == "pilotlight"
+    got = check_config_accepts(pl["environment"])
+    assert got["listen"] == "0.0.0.0:8080" and got["dispatch_listen"] == ""
+
+
+def test_split_dispatch_listener():
+    cfg = merged(PILOTLIGHT_DISPATCH_LISTEN="pilotlight-dispatch:8081",
+                 TRIGGER_WARM_START_DISPATCH_URL="http://pilotlight-dispatch:8081")
+    pl, sup, runner_nets, durl = check_merged(cfg)
+    assert pl["environment"]["PILOTLIGHT_DISPATCH_LISTEN"] == "pilotlight-dispatch:8081"
+    assert durl.port == 8081
+    # The dispatch name lives only on networks the run containers do not join.
+    assert not any(durl.hostname in names_on(pl, n) for n in runner_nets)
+    # A name, resolved when pilotlight starts: --check-config stays offline.
+    got = check_config_accepts(pl["environment"])
+    assert got["dispatch_listen"] == "pilotlight-dispatch:8081"
