@@ -6,12 +6,14 @@
 
 #include <llhttp.h>
 #include <openssl/crypto.h>
+#include <utlist.h>
 
 #include "pilotlight/broker.h"
 #include "pilotlight/log.h"
 #include "pilotlight/mem.h"
 #include "pilotlight/message.h"
 #include "pilotlight/poll.h"
+#include "pilotlight/pool.h"
 #include "pilotlight/token.h"
 
 #define METRICS_BUFFER_SIZE 16384
@@ -33,6 +35,7 @@ struct confirm {
     uint64_t deadline, start_ns, waited_ms;
     int in_grace;
     pl_message msg;        /* views into data[] */
+    size_t size;           /* for pl_pool_free() */
     char data[];
 };
 
@@ -271,15 +274,10 @@ static void confirm_finish(pl_broker *b, confirm *rec, int delivered)
     } else {
         count_dispatch(b, delivered, rec->waited_ms, rec->start_ns);
     }
-    if (rec->prev)
-        rec->prev->next = rec->next;
-    else
-        b->confirms = rec->next;
-    if (rec->next)
-        rec->next->prev = rec->prev;
+    DL_DELETE(b->confirms, rec);
     if (b->confirms == NULL)
         uv_timer_stop(&b->confirm_timer);
-    pl_free(rec);
+    pl_pool_free(rec, rec->size);
 }
 
 /* Checks <rec>'s controller. Acknowledged: true. Failed, or unacknowledged
@@ -334,7 +332,8 @@ static void confirm_start(pl_broker *b, pl_conn *dispatcher, const pl_message *m
                           uint64_t waited_ms, uint64_t start_ns)
 {
     size_t dl = m->key.deployment_len, vl = m->key.version_len;
-    confirm *rec = pl_malloc(sizeof(*rec) + m->payload_len + dl + vl);
+    size_t size = sizeof(confirm) + m->payload_len + dl + vl;
+    confirm *rec = pl_pool_alloc(size, NULL);
 
     if (rec == NULL) {
         /* Written but cannot be watched: answer as delivery = written. */
@@ -343,6 +342,7 @@ static void confirm_start(pl_broker *b, pl_conn *dispatcher, const pl_message *m
         return;
     }
     memset(rec, 0, sizeof(*rec));
+    rec->size = size;
     memcpy(rec->data, m->payload, m->payload_len);
     memcpy(rec->data + m->payload_len, m->key.deployment, dl);
     memcpy(rec->data + m->payload_len + dl, m->key.version, vl);
@@ -357,10 +357,7 @@ static void confirm_start(pl_broker *b, pl_conn *dispatcher, const pl_message *m
     rec->waited_ms = waited_ms;
     confirm_attach(b, rec);
     pl_conn_set_data(dispatcher, rec, DATA_DISPATCH);
-    rec->next = b->confirms;
-    if (b->confirms)
-        b->confirms->prev = rec;
-    b->confirms = rec;
+    DL_PREPEND(b->confirms, rec);
     if (!uv_is_active((uv_handle_t *)&b->confirm_timer))
         uv_timer_start(&b->confirm_timer, confirm_tick, 1, 1);
 }

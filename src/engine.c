@@ -2,19 +2,28 @@
 #include <assert.h>
 #include <string.h>
 
+#include <utlist.h>
+
 #include "pilotlight/engine.h"
 #include "pilotlight/mem.h"
+#include "pilotlight/pool.h"
 
-/* uthash allocates its buckets through our wrapper and, on failure, leaves
- * the table unchanged and tells us instead of calling exit(). */
+/* uthash allocates its buckets from the pools' size classes (an id index
+ * that empties and refills on every cycle then costs no system call) and,
+ * on failure, leaves the table unchanged and tells us instead of calling
+ * exit(). */
 #define HASH_NONFATAL_OOM 1
-#define uthash_malloc(sz) pl_malloc(sz)
-#define uthash_free(ptr, sz) pl_free(ptr)
+#define uthash_malloc(sz) pl_pool_alloc(sz, NULL)
+#define uthash_free(ptr, sz) pl_pool_free(ptr, sz)
 #define uthash_nonfatal_oom(obj) (oom_flag = 1)
 static int oom_flag;
 #include <uthash.h>
 
 typedef struct pl_entry pl_entry;
+
+/* Controller ids up to this long live in a waiter from the waiter pool;
+ * a longer one (up to 256 bytes) takes a size class. */
+#define ID_INLINE 48
 
 struct pl_waiter {
     pl_waiter *qprev, *qnext; /* in its key's queue, oldest first */
@@ -26,9 +35,11 @@ struct pl_waiter {
     char id[];
 };
 
+static pl_pool waiter_pool = PL_POOL_INIT("waiter", sizeof(pl_waiter) + ID_INLINE);
+
 struct pl_entry {
     UT_hash_handle hh; /* by encoded key */
-    pl_waiter *head, *tail;
+    pl_waiter *head;   /* utlist: head->qprev is the tail */
     uint32_t count;
     uint32_t keylen;
     unsigned char keybytes[];
@@ -38,8 +49,8 @@ struct pl_engine {
     pl_engine_opts opts;
     pl_entry *entries;      /* uthash head, by key */
     pl_waiter *by_id;       /* uthash head, by controller id */
-    pl_waiter *oldest;      /* time list: every waiter, by park time. One */
-    pl_waiter *newest;      /* timeout for all keeps it sorted by deadline. */
+    pl_waiter *oldest;      /* time list: every waiter, by park time (one
+                             * timeout for all keeps it sorted by deadline) */
     size_t nkeys;
     pl_ledger ledger;
 };
@@ -93,7 +104,28 @@ size_t pl_engine_each_key(const pl_engine *e, size_t max,
 
 size_t pl_engine_waiter_size(size_t id_len)
 {
-    return sizeof(pl_waiter) + id_len + 1;
+    size_t n = sizeof(pl_waiter) + id_len + 1;
+
+    return n <= waiter_pool.size ? waiter_pool.size : n;
+}
+
+/* "A waiter": from the waiter pool, or a size class for a long id. */
+static pl_waiter *waiter_get(size_t id_len)
+{
+    size_t n = pl_engine_waiter_size(id_len);
+
+    return n == waiter_pool.size ? pl_pool_get(&waiter_pool) : pl_pool_alloc(n, NULL);
+}
+
+/* Frees <w>; its id length is in hh.keylen from the moment it was made. */
+static void waiter_put(pl_waiter *w)
+{
+    size_t n = pl_engine_waiter_size(w->hh.keylen);
+
+    if (n == waiter_pool.size)
+        pl_pool_put(&waiter_pool, w);
+    else
+        pl_pool_free(w, n);
 }
 
 const char *pl_outcome_name(pl_outcome o)
@@ -129,7 +161,7 @@ size_t pl_engine_waiting(const pl_engine *e, const pl_key *key)
 /* Adds an empty entry for the encoded key <buf>; NULL when out of memory. */
 static pl_entry *new_entry(pl_engine *e, const unsigned char *buf, size_t len)
 {
-    pl_entry *ent = pl_malloc(sizeof(*ent) + len);
+    pl_entry *ent = pl_pool_alloc(sizeof(*ent) + len, NULL);
 
     if (ent == NULL)
         return NULL;
@@ -139,7 +171,7 @@ static pl_entry *new_entry(pl_engine *e, const unsigned char *buf, size_t len)
     oom_flag = 0;
     HASH_ADD(hh, e->entries, keybytes, len, ent);
     if (oom_flag) {
-        pl_free(ent);
+        pl_pool_free(ent, sizeof(*ent) + len);
         return NULL;
     }
     e->nkeys++;
@@ -151,31 +183,16 @@ static void drop_entry_if_empty(pl_engine *e, pl_entry *ent)
     if (ent->count > 0)
         return;
     HASH_DELETE(hh, e->entries, ent);
-    pl_free(ent);
+    pl_pool_free(ent, sizeof(*ent) + ent->keylen);
     e->nkeys--;
 }
 
 /* Links <w> at the tail of its key's queue and of the time list. */
 static void link_waiter(pl_engine *e, pl_waiter *w)
 {
-    pl_entry *ent = w->entry;
-
-    w->qnext = NULL;
-    w->qprev = ent->tail;
-    if (ent->tail)
-        ent->tail->qnext = w;
-    else
-        ent->head = w;
-    ent->tail = w;
-    ent->count++;
-
-    w->tnext = NULL;
-    w->tprev = e->newest;
-    if (e->newest)
-        e->newest->tnext = w;
-    else
-        e->oldest = w;
-    e->newest = w;
+    DL_APPEND2(w->entry->head, w, qprev, qnext);
+    w->entry->count++;
+    DL_APPEND2(e->oldest, w, tprev, tnext);
     e->ledger.parked_now++;
 }
 
@@ -183,25 +200,9 @@ static void unlink_waiter(pl_engine *e, pl_waiter *w)
 {
     pl_entry *ent = w->entry;
 
-    if (w->qprev)
-        w->qprev->qnext = w->qnext;
-    else
-        ent->head = w->qnext;
-    if (w->qnext)
-        w->qnext->qprev = w->qprev;
-    else
-        ent->tail = w->qprev;
+    DL_DELETE2(ent->head, w, qprev, qnext);
     ent->count--;
-
-    if (w->tprev)
-        w->tprev->tnext = w->tnext;
-    else
-        e->oldest = w->tnext;
-    if (w->tnext)
-        w->tnext->tprev = w->tprev;
-    else
-        e->newest = w->tprev;
-
+    DL_DELETE2(e->oldest, w, tprev, tnext);
     HASH_DELETE(hh, e->by_id, w);
     drop_entry_if_empty(e, ent);
 }
@@ -224,7 +225,7 @@ static void retire(pl_engine *e, pl_waiter *w, pl_outcome outcome, int linked)
         e->ledger.parked_now--;
     e->ledger.settled[outcome]++;
     assert(ledger_balanced(&e->ledger));
-    pl_free(w);
+    waiter_put(w);
 }
 
 static int settle(pl_engine *e, pl_waiter *w, pl_outcome outcome,
@@ -301,12 +302,13 @@ int pl_engine_park(pl_engine *e, const pl_key *key, const char *id,
     *out = NULL;
     if (len == 0)
         return PL_EINVAL;
-    w = pl_malloc(pl_engine_waiter_size(id_len));
+    w = waiter_get(id_len);
     if (w == NULL)
         return PL_ENOMEM;
     memset(w, 0, sizeof(*w));
     memcpy(w->id, id, id_len);
     w->id[id_len] = '\0';
+    w->hh.keylen = (unsigned)id_len; /* waiter_put() reads it, indexed or not */
     w->owner = owner;
     w->parked_at = now;
 
@@ -314,7 +316,7 @@ int pl_engine_park(pl_engine *e, const pl_key *key, const char *id,
     ent = lookup(e, buf, len);
     why = over_cap(e, ent, old);
     if (why == NULL && index_waiter(e, w, ent, buf, len, id_len) != 0) {
-        pl_free(w);
+        waiter_put(w);
         return PL_ENOMEM;
     }
     if (why == NULL) {
@@ -340,7 +342,7 @@ int pl_engine_deliver(pl_engine *e, const pl_key *key, const void *payload,
     pl_entry *ent = find_entry(e, key);
 
     while (ent != NULL) {
-        pl_waiter *w = e->opts.order == PL_ORDER_LIFO ? ent->tail : ent->head;
+        pl_waiter *w = e->opts.order == PL_ORDER_LIFO ? ent->head->qprev : ent->head;
         uint64_t parked_at = w->parked_at;
         /* Settling the last waiter frees the entry: decide before. */
         pl_entry *next = ent->count > 1 ? ent : NULL;

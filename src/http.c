@@ -11,9 +11,12 @@
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 
+#include <utlist.h>
+
 #include "pilotlight/http.h"
 #include "pilotlight/log.h"
 #include "pilotlight/mem.h"
+#include "pilotlight/pool.h"
 
 #define container_of(ptr, type, member) \
     ((type *)(void *)((char *)(ptr) - offsetof(type, member)))
@@ -21,22 +24,22 @@
 #define READ_BUFFER_SIZE 65536
 #define ARENA_KEEP_MAX 65536 /* a request arena larger than this is not kept */
 #define LINGER_MS 2000
+/* Pool memory goes back to the system when the open connections fall to
+ * half of their peak since the last time, and that peak was at least this:
+ * a small server keeps its few chunks rather than churning them. */
+#define TRIM_MIN_PEAK 1024
 
 /* The timer lists. Each has one timeout for all its members, so appending
  * keeps it sorted by deadline and expiry only looks at the head. A pending
  * connection (its answer not yet sent, e.g. a parked poll) is in none. */
 enum { TL_NONE = 0, TL_REQUEST, TL_IDLE, TL_LINGER, TL_RESUME, TL__COUNT };
 
-typedef struct {
-    pl_conn *head, *tail;
-} conn_list;
-
 struct pl_conn {
     uv_tcp_t tcp;
     pl_h1 h1;
     pl_http *http;
     void *data;                /* the application's (a parked waiter) */
-    pl_conn *lprev, *lnext;    /* in http->lists[list] */
+    pl_conn *lprev, *lnext;    /* in http->lists[list] (utlist) */
     uint64_t since;            /* when it entered that list */
     pl_buf in;                 /* bytes received but not yet parsed */
     uint8_t list, tag, data_kind;
@@ -52,13 +55,14 @@ struct pl_http {
     uv_tcp_t listener;
     uv_timer_t timer;
     uv_idle_t resume;
+    uv_prepare_t trim;  /* gives pool memory back before the loop waits */
     uint64_t timer_due; /* when the armed timer fires */
     pl_http_limits limits;
     pl_h1_limits h1_limits;
     size_t max_queued; /* bytes one connection may have waiting to be sent */
     pl_http_callbacks cb;
     void *app;
-    conn_list lists[TL__COUNT];
+    pl_conn *lists[TL__COUNT];
     uint64_t timeouts[TL__COUNT];
     uint64_t nconns;
     uint64_t peak; /* most connections since memory was last trimmed */
@@ -69,8 +73,11 @@ struct pl_http {
     char readbuf[READ_BUFFER_SIZE];
 };
 
+static pl_pool conn_pool = PL_POOL_INIT("conn", sizeof(pl_conn));
+
 typedef struct {
     uv_write_t req;
+    size_t size; /* for pl_pool_free() */
     char data[];
 } write_req;
 
@@ -78,44 +85,27 @@ static void conn_close(pl_conn *c);
 static void conn_process_buffered(pl_conn *c);
 static void timer_arm(pl_http *h, uint64_t due);
 static void resume_cb(uv_idle_t *idle);
+static void trim_cb(uv_prepare_t *prep);
 static void respond_own(pl_conn *c, int status, const char *msg);
 
 /* ---- timer lists ---- */
 
 static void list_remove(pl_conn *c)
 {
-    conn_list *l;
-
     if (c->list == TL_NONE)
         return;
-    l = &c->http->lists[c->list];
-    if (c->lprev)
-        c->lprev->lnext = c->lnext;
-    else
-        l->head = c->lnext;
-    if (c->lnext)
-        c->lnext->lprev = c->lprev;
-    else
-        l->tail = c->lprev;
-    c->lprev = c->lnext = NULL;
+    DL_DELETE2(c->http->lists[c->list], c, lprev, lnext);
     c->list = TL_NONE;
 }
 
 static void list_add(pl_conn *c, uint8_t which)
 {
     pl_http *h = c->http;
-    conn_list *l = &h->lists[which];
 
     list_remove(c);
     c->list = which;
     c->since = uv_now(h->loop);
-    c->lprev = l->tail;
-    c->lnext = NULL;
-    if (l->tail)
-        l->tail->lnext = c;
-    else
-        l->head = c;
-    l->tail = c;
+    DL_APPEND2(h->lists[which], c, lprev, lnext);
     if (which == TL_RESUME)
         uv_idle_start(&h->resume, resume_cb);
     else
@@ -137,11 +127,11 @@ static void timer_cb(uv_timer_t *t)
 
     h->timer_due = 0;
     for (int i = TL_REQUEST; i <= TL_LINGER; i++) {
-        conn_list *l = &h->lists[i];
-        while (l->head && l->head->since + h->timeouts[i] <= now)
-            expire_one(l->head); /* always leaves the list */
-        if (l->head && l->head->since + h->timeouts[i] < next)
-            next = l->head->since + h->timeouts[i];
+        pl_conn **head = &h->lists[i];
+        while (*head && (*head)->since + h->timeouts[i] <= now)
+            expire_one(*head); /* always leaves the list */
+        if (*head && (*head)->since + h->timeouts[i] < next)
+            next = (*head)->since + h->timeouts[i];
     }
     if (next != UINT64_MAX)
         timer_arm(h, next);
@@ -162,8 +152,9 @@ static void timer_arm(pl_http *h, uint64_t due)
 static void on_write(uv_write_t *req, int status)
 {
     pl_conn *c = container_of(req->handle, pl_conn, tcp);
+    write_req *w = container_of(req, write_req, req);
 
-    pl_free(container_of(req, write_req, req));
+    pl_pool_free(w, w->size);
     if (status < 0)
         conn_close(c);
 }
@@ -201,11 +192,12 @@ static int conn_write(pl_conn *c, const uv_buf_t *bufs, unsigned n)
         pl_conn_abort(c);
         return -1;
     }
-    w = pl_malloc(sizeof(*w) + rest);
+    w = pl_pool_alloc(sizeof(*w) + rest, NULL);
     if (w == NULL) {
         conn_close(c);
         return -1;
     }
+    w->size = sizeof(*w) + rest;
     p = w->data;
     for (unsigned i = 0; i < n; i++) {
         size_t len = bufs[i].len, off = skip < len ? skip : len;
@@ -215,7 +207,7 @@ static int conn_write(pl_conn *c, const uv_buf_t *bufs, unsigned n)
     }
     b = uv_buf_init(w->data, (unsigned)rest);
     if (uv_write(&w->req, (uv_stream_t *)&c->tcp, &b, 1, on_write) != 0) {
-        pl_free(w);
+        pl_pool_free(w, w->size);
         conn_close(c);
         return -1;
     }
@@ -250,7 +242,7 @@ static void on_shutdown(uv_shutdown_t *req, int status)
 {
     pl_conn *c = container_of(req->handle, pl_conn, tcp);
 
-    pl_free(req);
+    pl_pool_free(req, sizeof(*req));
     if (status < 0)
         conn_close(c);
 }
@@ -265,10 +257,10 @@ static void conn_finish(pl_conn *c)
     if (c->finishing || c->closing)
         return;
     c->finishing = 1;
-    req = pl_malloc(sizeof(*req));
+    req = pl_pool_alloc(sizeof(*req), NULL);
     if (req == NULL ||
         uv_shutdown(req, (uv_stream_t *)&c->tcp, on_shutdown) != 0) {
-        pl_free(req);
+        pl_pool_free(req, sizeof(*req));
         conn_close(c);
         return;
     }
@@ -441,10 +433,9 @@ static void conn_process_buffered(pl_conn *c)
 static void resume_cb(uv_idle_t *idle)
 {
     pl_http *h = container_of(idle, pl_http, resume);
-    conn_list *l = &h->lists[TL_RESUME];
 
-    while (l->head) {
-        pl_conn *c = l->head;
+    while (h->lists[TL_RESUME]) {
+        pl_conn *c = h->lists[TL_RESUME];
         list_add(c, TL_IDLE); /* until its next request begins */
         conn_process_buffered(c);
     }
@@ -496,16 +487,42 @@ static void on_closed(uv_handle_t *handle)
 
     pl_buf_free(&c->in);
     pl_h1_release(&c->h1);
-    pl_free(c);
+    pl_pool_put(&conn_pool, c);
     h->nconns--;
-    if (h->peak >= 1024 && h->nconns < h->peak / 2) {
-        /* Half of a large crowd has gone: give its memory back to the
-         * system, so RSS follows what is parked instead of its peak. */
-        h->peak = h->nconns;
-        malloc_trim(0);
-    }
+    if (h->peak >= TRIM_MIN_PEAK && h->nconns < h->peak / 2)
+        uv_prepare_start(&h->trim, trim_cb);
     if (h->draining && h->nconns == 0 && h->drained)
         h->drained(h->drained_arg);
+}
+
+/* Half of a large crowd has gone: give its memory back to the system, so
+ * RSS follows what is open instead of its peak. Runs once per new low, as
+ * the loop is about to wait, however many connections closed in the turn. */
+static void trim_cb(uv_prepare_t *prep)
+{
+    pl_http *h = container_of(prep, pl_http, trim);
+    size_t n = pl_pool_trim();
+
+    h->peak = h->nconns;
+    malloc_trim(0); /* what is not pooled: hash tables, large buffers */
+    uv_prepare_stop(prep);
+    PL_LOG(PL_LOG_DEBUG, "pool chunks returned", "\"chunks\":%zu,\"connections\":%llu", n,
+           (unsigned long long)h->nconns);
+}
+
+pl_conn *pl_conn_get(pl_http *h)
+{
+    pl_conn *c = pl_pool_get(&conn_pool);
+
+    if (c == NULL)
+        return NULL;
+    memset(c, 0, sizeof(*c));
+    c->http = h;
+    uv_tcp_init(h->loop, &c->tcp);
+    c->tcp.data = h; /* marks it as one of ours for close_walk() */
+    if (++h->nconns > h->peak)
+        h->peak = h->nconns;
+    return c;
 }
 
 static void conn_close(pl_conn *c)
@@ -619,21 +636,15 @@ static void on_connection(uv_stream_t *server, int status)
         }
         return;
     }
-    c = pl_malloc(sizeof(*c));
+    c = pl_conn_get(h);
     if (c == NULL) {
         PL_LOG(PL_LOG_ERROR, "out of memory accepting a connection", NULL);
         return;
     }
-    memset(c, 0, sizeof(*c));
-    c->http = h;
-    uv_tcp_init(h->loop, &c->tcp);
-    if (++h->nconns > h->peak)
-        h->peak = h->nconns;
     if (uv_accept(server, (uv_stream_t *)&c->tcp) != 0) {
         conn_close(c);
         return;
     }
-    c->tcp.data = h; /* marks it as one of ours for close_walk() */
     pl_h1_init(&c->h1, &h->h1_limits, &h1_events, c);
     uv_tcp_nodelay(&c->tcp, 1);
     list_add(c, TL_REQUEST);
@@ -667,6 +678,7 @@ pl_http *pl_http_new(uv_loop_t *loop, const pl_http_limits *limits,
     h->max_queued = 2 * (size_t)limits->max_body_bytes + 65536;
     uv_timer_init(loop, &h->timer);
     uv_idle_init(loop, &h->resume);
+    uv_prepare_init(loop, &h->trim);
     uv_tcp_init(loop, &h->listener);
     return h;
 }
@@ -703,16 +715,15 @@ static void close_listener(pl_http *h)
 
 void pl_http_drain(pl_http *h, void (*done)(void *arg), void *arg)
 {
-    conn_list *idle = &h->lists[TL_IDLE], *req = &h->lists[TL_REQUEST];
     pl_conn *c, *next;
 
     h->draining = 1;
     h->drained = done;
     h->drained_arg = arg;
     close_listener(h);
-    while (idle->head)
-        conn_close(idle->head);
-    for (c = req->head; c; c = next) {
+    while (h->lists[TL_IDLE])
+        conn_close(h->lists[TL_IDLE]);
+    for (c = h->lists[TL_REQUEST]; c; c = next) {
         next = c->lnext;
         if (!c->h1.in_msg)
             conn_close(c);
@@ -739,6 +750,7 @@ void pl_http_stop(pl_http *h)
     close_listener(h);
     uv_close((uv_handle_t *)&h->timer, NULL);
     uv_close((uv_handle_t *)&h->resume, NULL);
+    uv_close((uv_handle_t *)&h->trim, NULL);
 }
 
 void pl_http_free(pl_http *h)

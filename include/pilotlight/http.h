@@ -108,4 +108,11 @@ void *pl_conn_data(const pl_conn *c, unsigned *kind);
 /* Bytes a connection costs the server while it waits (struct sizes). */
 size_t pl_conn_size(void);
 
+/* "A connection": takes one from the connection pool with its uv_tcp_t
+ * initialised on <h>'s loop and counted as open; the caller connects the
+ * handle (uv_accept, uv_tcp_open) and then starts reading. It goes back to
+ * the pool in its close callback, after pl_conn_close(). Returns NULL when
+ * out of memory. */
+pl_conn *pl_conn_get(pl_http *h);
+
 #endif

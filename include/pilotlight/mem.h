@@ -17,13 +17,18 @@ void pl_free(void *ptr);
  * and every one after it while <sticky> is non-zero. n = 0 disables. */
 void pl_mem_fail_after(unsigned long n, int sticky);
 
+/* Takes one step of that countdown: returns 1 when this allocation is to
+ * fail. For allocators built on this one (pool.h). */
+int pl_mem_should_fail(void);
+
 /* A growable byte buffer; all zero is an empty one. */
 typedef struct {
     char *data;
     uint32_t len, cap;
 } pl_buf;
 
-/* Appends <n> bytes of <data>, growing by doubling. Returns 0, or -1 when
+/* Appends <n> bytes of <data>, growing by doubling; the bytes live in a
+ * pool.h size class (the system allocator past PL_POOL_CLASS_MAX). Returns 0, or -1 when
  * out of memory (then <b> is unchanged). */
 int pl_buf_append(pl_buf *b, const void *data, size_t n);
 
