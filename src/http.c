@@ -22,7 +22,6 @@
     ((type *)(void *)((char *)(ptr) - offsetof(type, member)))
 
 #define READ_BUFFER_SIZE 65536
-#define ARENA_KEEP_MAX 65536 /* a request arena larger than this is not kept */
 #define LINGER_MS 2000
 /* Pool memory goes back to the system when the open connections fall to
  * half of their peak since the last time, and that peak was at least this:
@@ -34,9 +33,12 @@
  * connection (its answer not yet sent, e.g. a parked poll) is in none. */
 enum { TL_NONE = 0, TL_REQUEST, TL_IDLE, TL_LINGER, TL_RESUME, TL__COUNT };
 
+/* A connection holds only what outlives a request: a parked poll costs its
+ * socket, this and its waiter. The parser state and the request's bytes
+ * live in a pooled pl_h1 from the request's first byte to its dispatch. */
 struct pl_conn {
     uv_tcp_t tcp;
-    pl_h1 h1;
+    pl_h1 *h1;                 /* the request being read; NULL between */
     pl_http *http;
     void *data;                /* the application's (a parked waiter) */
     pl_conn *lprev, *lnext;    /* in http->lists[list] (utlist) */
@@ -48,6 +50,8 @@ struct pl_conn {
     unsigned finishing : 1;    /* last answer sent; shutting down */
     unsigned closing : 1;
     unsigned tuned : 1;        /* dead-peer detection is on */
+    unsigned keep_alive : 1;   /* of the request being answered */
+    unsigned head : 1;         /* that request is a HEAD */
 };
 
 struct pl_http {
@@ -74,6 +78,7 @@ struct pl_http {
 };
 
 static pl_pool conn_pool = PL_POOL_INIT("conn", sizeof(pl_conn));
+static pl_pool request_pool = PL_POOL_INIT("request", sizeof(pl_h1));
 
 typedef struct {
     uv_write_t req;
@@ -86,6 +91,7 @@ static void conn_process_buffered(pl_conn *c);
 static void timer_arm(pl_http *h, uint64_t due);
 static void resume_cb(uv_idle_t *idle);
 static void trim_cb(uv_prepare_t *prep);
+static void request_end(pl_conn *c);
 static void respond_own(pl_conn *c, int status, const char *msg);
 
 /* ---- timer lists ---- */
@@ -114,8 +120,10 @@ static void list_add(pl_conn *c, uint8_t which)
 
 static void expire_one(pl_conn *c)
 {
-    if (c->list == TL_REQUEST && c->h1.in_msg)
+    if (c->list == TL_REQUEST && c->h1 != NULL && c->h1->in_msg) {
+        request_end(c);
         respond_own(c, 408, "request not received in time");
+    }
     else
         conn_close(c);
 }
@@ -297,7 +305,7 @@ int pl_conn_respond(pl_conn *c, int status, const char *content_type,
      * content type and extra headers are the server's own short strings */
     char head[512], *p = head;
     uv_buf_t bufs[2];
-    int keep = c->h1.keep_alive && !h->draining;
+    int keep = c->keep_alive && !h->draining;
 
     if (c->closing || c->finishing)
         return -1;
@@ -324,7 +332,7 @@ int pl_conn_respond(pl_conn *c, int status, const char *content_type,
     bufs[0] = uv_buf_init(head, (unsigned)(p - head));
     bufs[1] = uv_buf_init((char *)body, (unsigned)len);
     c->pending = 0;
-    if (conn_write(c, bufs, len > 0 && !c->h1.head ? 2 : 1) != 0)
+    if (conn_write(c, bufs, len > 0 && !c->head ? 2 : 1) != 0)
         return -1;
     if (h->cb.on_response)
         h->cb.on_response(h->app, c->tag, status);
@@ -343,7 +351,7 @@ static void respond_own(pl_conn *c, int status, const char *msg)
     char body[160];
     int n = snprintf(body, sizeof(body), "{\"error\":\"%s\"}", msg);
 
-    c->h1.keep_alive = 0;
+    c->keep_alive = 0;
     c->tag = 0;
     pl_conn_respond(c, status, "application/json", NULL, body, (size_t)n);
 }
@@ -372,19 +380,40 @@ static int on_headers(void *owner, int send_continue)
 
 static const pl_h1_events h1_events = {on_begin, on_headers};
 
+/* "A request": a parser from the request pool, for the bytes to come.
+ * Returns 0, or -1 when out of memory. */
+static int request_begin(pl_conn *c)
+{
+    c->h1 = pl_pool_get(&request_pool);
+    if (c->h1 == NULL)
+        return -1;
+    pl_h1_init(c->h1, &c->http->h1_limits, &h1_events, c);
+    return 0;
+}
+
+/* The request has been handed over or failed: its parser and bytes go back
+ * (a parked poll keeps none of them). */
+static void request_end(pl_conn *c)
+{
+    if (c->h1 == NULL)
+        return;
+    pl_h1_release(c->h1);
+    pl_pool_put(&request_pool, c->h1);
+    c->h1 = NULL;
+}
+
 static void conn_dispatch(pl_conn *c)
 {
     pl_http *h = c->http;
     pl_request req;
 
-    pl_h1_request(&c->h1, &req);
+    pl_h1_request(c->h1, &req);
+    c->keep_alive = c->h1->keep_alive;
+    c->head = c->h1->head;
     list_remove(c);
     c->pending = 1;
     h->cb.on_request(h->app, c, &req);
-    /* A parked poll keeps no request bytes; nor does an idle connection
-     * after one large body. */
-    if (c->pending || c->h1.arena.cap > ARENA_KEEP_MAX)
-        pl_h1_release(&c->h1);
+    request_end(c);
 }
 
 /* Parses <len> bytes at <data>. Returns how many were used: fewer when a
@@ -396,16 +425,25 @@ static size_t conn_execute(pl_conn *c, const char *data, size_t len)
 
     c->in_parse = 1;
     while (off < len && !c->pending && !c->closing && !c->finishing) {
-        pl_h1_result r = pl_h1_execute(&c->h1, data + off, len - off, &used);
+        pl_h1_result r;
+        if (c->h1 == NULL && request_begin(c) != 0) {
+            respond_own(c, 503, "out of memory");
+            off = len;
+            break;
+        }
+        r = pl_h1_execute(c->h1, data + off, len - off, &used);
         off += used;
         if (r == PL_H1_REQUEST) {
             conn_dispatch(c);
         } else if (r == PL_H1_ERROR) {
-            PL_LOG(PL_LOG_DEBUG, "bad request", "\"status\":%d", c->h1.err_status);
-            if (c->h1.err_status == 0)
+            int status = c->h1->err_status;
+            const char *msg = c->h1->err_msg; /* a static string */
+            PL_LOG(PL_LOG_DEBUG, "bad request", "\"status\":%d", status);
+            request_end(c);
+            if (status == 0)
                 conn_close(c);
             else
-                respond_own(c, c->h1.err_status, c->h1.err_msg);
+                respond_own(c, status, msg);
             off = len;
         }
     }
@@ -486,7 +524,7 @@ static void on_closed(uv_handle_t *handle)
     pl_http *h = c->http;
 
     pl_buf_free(&c->in);
-    pl_h1_release(&c->h1);
+    request_end(c);
     pl_pool_put(&conn_pool, c);
     h->nconns--;
     if (h->peak >= TRIM_MIN_PEAK && h->nconns < h->peak / 2)
@@ -645,7 +683,6 @@ static void on_connection(uv_stream_t *server, int status)
         conn_close(c);
         return;
     }
-    pl_h1_init(&c->h1, &h->h1_limits, &h1_events, c);
     uv_tcp_nodelay(&c->tcp, 1);
     list_add(c, TL_REQUEST);
     if (uv_read_start((uv_stream_t *)&c->tcp, alloc_cb, on_read) != 0)
@@ -725,7 +762,7 @@ void pl_http_drain(pl_http *h, void (*done)(void *arg), void *arg)
         conn_close(h->lists[TL_IDLE]);
     for (c = h->lists[TL_REQUEST]; c; c = next) {
         next = c->lnext;
-        if (!c->h1.in_msg)
+        if (c->h1 == NULL || !c->h1->in_msg)
             conn_close(c);
     }
     if (h->nconns == 0 && done)
