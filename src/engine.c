@@ -21,9 +21,10 @@ static int oom_flag;
 
 typedef struct pl_entry pl_entry;
 
-/* Controller ids up to this long live in a waiter from the waiter pool;
- * a longer one (up to 256 bytes) takes a size class. */
-#define ID_INLINE 48
+/* Controller ids shorter than this live in a waiter from the waiter pool
+ * ("controller_" and a UUID is 47 bytes, some clients add a few); a longer
+ * one (up to 256 bytes) takes a size class. */
+#define ID_INLINE 56
 
 struct pl_waiter {
     pl_waiter *qprev, *qnext; /* in its key's queue, oldest first */

@@ -39,7 +39,6 @@ enum { TL_NONE = 0, TL_REQUEST, TL_IDLE, TL_LINGER, TL_RESUME, TL__COUNT };
 struct pl_conn {
     uv_tcp_t tcp;
     pl_h1 *h1;                 /* the request being read; NULL between */
-    pl_http *http;
     void *data;                /* the application's (a parked waiter) */
     pl_conn *lprev, *lnext;    /* in http->lists[list] (utlist) */
     uint64_t since;            /* when it entered that list */
@@ -77,6 +76,13 @@ struct pl_http {
     char readbuf[READ_BUFFER_SIZE];
 };
 
+/* A connection's server is its handle's data: a parked poll is 8 bytes
+ * smaller than with a field of its own. */
+static pl_http *conn_http(const pl_conn *c)
+{
+    return c->tcp.data;
+}
+
 static pl_pool conn_pool = PL_POOL_INIT("conn", sizeof(pl_conn));
 static pl_pool request_pool = PL_POOL_INIT("request", sizeof(pl_h1));
 
@@ -100,13 +106,13 @@ static void list_remove(pl_conn *c)
 {
     if (c->list == TL_NONE)
         return;
-    DL_DELETE2(c->http->lists[c->list], c, lprev, lnext);
+    DL_DELETE2(conn_http(c)->lists[c->list], c, lprev, lnext);
     c->list = TL_NONE;
 }
 
 static void list_add(pl_conn *c, uint8_t which)
 {
-    pl_http *h = c->http;
+    pl_http *h = conn_http(c);
 
     list_remove(c);
     c->list = which;
@@ -193,7 +199,7 @@ static int conn_write(pl_conn *c, const uv_buf_t *bufs, unsigned n)
     skip = (size_t)r;
     rest = total - skip;
     if (uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) + rest >
-        c->http->max_queued) {
+        conn_http(c)->max_queued) {
         /* A client that does not read must not make us hold its answers:
          * drop it, as if it had gone. */
         PL_LOG(PL_LOG_DEBUG, "client not reading: connection dropped", NULL);
@@ -300,7 +306,7 @@ static void put_uint(char **p, size_t v)
 int pl_conn_respond(pl_conn *c, int status, const char *content_type,
                     const char *extra_headers, const char *body, size_t len)
 {
-    pl_http *h = c->http;
+    pl_http *h = conn_http(c);
     /* status line, the longest reason, three fixed headers, digits: the
      * content type and extra headers are the server's own short strings */
     char head[512], *p = head;
@@ -387,7 +393,7 @@ static int request_begin(pl_conn *c)
     c->h1 = pl_pool_get(&request_pool);
     if (c->h1 == NULL)
         return -1;
-    pl_h1_init(c->h1, &c->http->h1_limits, &h1_events, c);
+    pl_h1_init(c->h1, &conn_http(c)->h1_limits, &h1_events, c);
     return 0;
 }
 
@@ -404,7 +410,7 @@ static void request_end(pl_conn *c)
 
 static void conn_dispatch(pl_conn *c)
 {
-    pl_http *h = c->http;
+    pl_http *h = conn_http(c);
     pl_request req;
 
     pl_h1_request(c->h1, &req);
@@ -485,7 +491,7 @@ static void alloc_cb(uv_handle_t *handle, size_t suggested, uv_buf_t *buf)
     pl_conn *c = container_of(handle, pl_conn, tcp);
 
     (void)suggested;
-    *buf = uv_buf_init(c->http->readbuf, READ_BUFFER_SIZE);
+    *buf = uv_buf_init(conn_http(c)->readbuf, READ_BUFFER_SIZE);
 }
 
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
@@ -501,7 +507,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         return; /* lingering: drop what arrives */
     if (c->pending || c->in.len > 0) {
         /* Pipelined behind an unanswered request: keep it, bounded. */
-        if ((c->pending && c->in.len + (size_t)nread > c->http->limits.max_header_bytes) ||
+        if ((c->pending && c->in.len + (size_t)nread > conn_http(c)->limits.max_header_bytes) ||
             pl_buf_append(&c->in, buf->base, (size_t)nread) != 0) {
             conn_close(c);
             return;
@@ -521,7 +527,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 static void on_closed(uv_handle_t *handle)
 {
     pl_conn *c = container_of(handle, pl_conn, tcp);
-    pl_http *h = c->http;
+    pl_http *h = conn_http(c);
 
     pl_buf_free(&c->in);
     request_end(c);
@@ -555,9 +561,8 @@ pl_conn *pl_conn_get(pl_http *h)
     if (c == NULL)
         return NULL;
     memset(c, 0, sizeof(*c));
-    c->http = h;
     uv_tcp_init(h->loop, &c->tcp);
-    c->tcp.data = h; /* marks it as one of ours for close_walk() */
+    c->tcp.data = h; /* its server; also marks it as ours for close_walk() */
     if (++h->nconns > h->peak)
         h->peak = h->nconns;
     return c;
@@ -565,7 +570,7 @@ pl_conn *pl_conn_get(pl_http *h)
 
 static void conn_close(pl_conn *c)
 {
-    pl_http *h = c->http;
+    pl_http *h = conn_http(c);
 
     if (c->closing)
         return;
@@ -639,7 +644,7 @@ void pl_conn_detect_dead_peer(pl_conn *c, unsigned idle_s, unsigned interval_s,
 
 void *pl_conn_app(const pl_conn *c)
 {
-    return c->http->app;
+    return conn_http(c)->app;
 }
 
 void pl_conn_set_data(pl_conn *c, void *data, unsigned kind)

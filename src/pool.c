@@ -55,7 +55,7 @@ static pl_pool classes[] = {
 
 static size_t stride(const pl_pool *p)
 {
-    return (p->size + 15) & ~(size_t)15;
+    return (p->size + 7) & ~(size_t)7; /* pointer alignment is all they need */
 }
 
 static uint32_t per_chunk(const pl_pool *p)

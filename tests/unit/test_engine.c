@@ -801,7 +801,8 @@ static void test_outcome_names(void)
     CHECK(pl_engine_waiter_size(40) >= 40);
     /* short ids share the waiter pool's size; a long one costs more */
     CHECK(pl_engine_waiter_size(1) == pl_engine_waiter_size(40));
-    CHECK(pl_engine_waiter_size(200) > pl_engine_waiter_size(40) + 150);
+    CHECK(pl_engine_waiter_size(200) > 200);
+    CHECK(pl_engine_waiter_size(200) > pl_engine_waiter_size(40));
 }
 
 /* ---- randomized model test ---------------------------------------------- */
