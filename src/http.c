@@ -25,8 +25,10 @@
 #define LINGER_MS 2000
 /* Pool memory goes back to the system when the open connections fall to
  * half of their peak since the last time, and that peak was at least this:
- * a small server keeps its few chunks rather than churning them. */
-#define TRIM_MIN_PEAK 1024
+ * a small server keeps its chunks (about 2 MiB at this many connections)
+ * rather than churning them whenever a burst of aborted connections backs
+ * up in its accept queue. */
+#define TRIM_MIN_PEAK 4096
 
 /* The timer lists. Each has one timeout for all its members, so appending
  * keeps it sorted by deadline and expiry only looks at the head. A pending
