@@ -371,6 +371,7 @@ static void on_begin(void *owner)
     pl_conn *c = owner;
 
     c->tag = 0;
+    c->keep_alive = c->head = 0; /* until this request is read */
     list_add(c, TL_REQUEST);
 }
 

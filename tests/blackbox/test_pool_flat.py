@@ -122,3 +122,22 @@ def test_mixed_operations_allocate_no_chunk(start_server):
     # Every pooled object of those operations went back.
     assert after.sum("pilotlight_pool_objects_in_use") <= \
         before.sum("pilotlight_pool_objects_in_use")
+
+
+def test_request_state_does_not_outlive_its_request(server):
+    """The parser goes back to its pool after each request: a HEAD's
+    no-body rule must not leak into the error answer of the next request on
+    the connection, and a 1000-request pipeline still answers in order."""
+    c = server.conn()
+    c.request("HEAD", "/healthz")
+    r = c.read_response(head_request=True)
+    assert r.status == 200 and r.body == b""
+    c.send(b"GET /healthz HTTP/1.1\r\nHost: x\r\nbad header\r\n\r\n")
+    r = c.read_response()
+    assert r.status == 400 and b"error" in r.body
+    c2 = server.conn()
+    c2.send(b"".join(build_request("GET", "/healthz" if i % 2 else "/readyz")
+                     for i in range(1000)))
+    for i in range(1000):
+        r = c2.read_response()
+        assert r.status == 200 and r.json()["status"] == ("ok" if i % 2 else "ready")
