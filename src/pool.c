@@ -177,6 +177,20 @@ void pl_pool_free(void *ptr, size_t size)
         pl_free(ptr);
 }
 
+/* An empty chunk that is kept gives its pages back but its first (the
+ * header's): RSS after a trim depends on what is in use, not on which
+ * chunks were busy before. Its objects are carved afresh. */
+static void chunk_decommit(pl_pool_chunk *c)
+{
+    size_t page = 4096;
+
+    if (c->carved == 0)
+        return;
+    c->carved = 0;
+    c->free = NULL;
+    madvise((char *)c + page, PL_POOL_CHUNK_SIZE - page, MADV_DONTNEED);
+}
+
 static size_t pool_trim(pl_pool *p)
 {
     uint64_t per = per_chunk(p), spare = p->chunks * per - p->in_use;
@@ -185,8 +199,12 @@ static size_t pool_trim(pl_pool *p)
     size_t n = 0;
 
     DL_FOREACH_SAFE(p->avail, c, next) {
-        if (c->used != 0 || spare < keep + per)
+        if (c->used != 0)
             continue;
+        if (spare < keep + per) {
+            chunk_decommit(c);
+            continue;
+        }
         DL_DELETE(p->avail, c);
         /* Unpoison first: the sanitizers must not see a later mapping at
          * this address as poisoned. */

@@ -62,7 +62,8 @@ void pl_pool_free(void *ptr, size_t size);
 /* Returns to the system every chunk whose objects are all free, keeping in
  * each pool free room for as many objects as are in use (at least one
  * chunk), so traffic that swings within a factor of two does not allocate
- * and free chunks over and over. Returns the number of chunks returned. */
+ * and free chunks over and over. The empty chunks kept give back their
+ * pages (not their address range). Returns the number of chunks returned. */
 size_t pl_pool_trim(void);
 
 /* Calls <fn> for every pool that has ever handed out an object. */

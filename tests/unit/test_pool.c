@@ -4,6 +4,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -75,11 +76,22 @@ static void test_chunks_and_trim(void)
     CHECK_EQ(things.in_use, 0);
     pl_pool_trim();
     CHECK_EQ(things.chunks, 1);
-    /* And the pool still works, from the kept chunk. */
+    /* And the pool still works, from the kept chunk, whose pages went back
+     * (all but the header's) and whose objects are carved afresh. */
     allocated = things.chunks_allocated;
     objs[0] = pl_pool_get(&things);
     CHECK(objs[0] != NULL);
     CHECK_EQ(things.chunks_allocated, allocated);
+    {
+        char *chunk = (char *)((uintptr_t)objs[0] & ~(uintptr_t)(PL_POOL_CHUNK_SIZE - 1));
+        unsigned char vec[PL_POOL_CHUNK_SIZE / 4096];
+        int resident = 0;
+        CHECK((char *)objs[0] - chunk < 4096); /* the first object again */
+        CHECK_EQ(mincore(chunk, PL_POOL_CHUNK_SIZE, vec), 0);
+        for (size_t i = 0; i < sizeof(vec); i++)
+            resident += vec[i] & 1;
+        CHECK(resident <= 2);
+    }
     pl_pool_put(&things, objs[0]);
 }
 
