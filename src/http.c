@@ -23,12 +23,11 @@
 
 #define READ_BUFFER_SIZE 65536
 #define LINGER_MS 2000
-/* Pool memory goes back to the system when the open connections fall to
- * half of their peak since the last time, and that peak was at least this:
- * a small server keeps its chunks (about 2 MiB at this many connections)
- * rather than churning them whenever a burst of aborted connections backs
- * up in its accept queue. */
-#define TRIM_MIN_PEAK 4096
+/* Pool memory goes back to the system when the open connections fall to an
+ * eighth of their peak since the last time (a new low), and that peak was
+ * at least this: a handful of connections coming and going does not trim. */
+#define TRIM_MIN_PEAK 64
+#define TRIM_FRACTION 8
 
 /* The timer lists. Each has one timeout for all its members, so appending
  * keeps it sorted by deadline and expiry only looks at the head. A pending
@@ -71,7 +70,6 @@ struct pl_http {
     uint64_t timeouts[TL__COUNT];
     uint64_t nconns;
     uint64_t peak; /* most connections since memory was last trimmed */
-    int shrinking; /* the last trim returned memory: keep following lows */
     uint64_t last_accept_error;
     int listening, draining;
     void (*drained)(void *arg);
@@ -537,24 +535,21 @@ static void on_closed(uv_handle_t *handle)
     request_end(c);
     pl_pool_put(&conn_pool, c);
     h->nconns--;
-    if ((h->peak >= TRIM_MIN_PEAK || h->shrinking) && h->nconns <= h->peak / 2)
+    if (h->peak >= TRIM_MIN_PEAK && h->nconns <= h->peak / TRIM_FRACTION)
         uv_prepare_start(&h->trim, trim_cb);
     if (h->draining && h->nconns == 0 && h->drained)
         h->drained(h->drained_arg);
 }
 
-/* Half of a large crowd has gone: give its memory back to the system, so
- * RSS follows what is open instead of its peak. Runs once per new low, as
- * the loop is about to wait, however many connections closed in the turn;
- * while trims return memory, each further halving of the connections is a
- * new low, down to none. */
+/* A crowd has gone: give its pages back to the system, so RSS follows what
+ * is open instead of its peak. Runs once per new low, as the loop is about
+ * to wait, however many connections closed in the turn. */
 static void trim_cb(uv_prepare_t *prep)
 {
     pl_http *h = container_of(prep, pl_http, trim);
     size_t n = pl_pool_trim();
 
     h->peak = h->nconns;
-    h->shrinking = n > 0;
     malloc_trim(0); /* what is not pooled: hash tables, large buffers */
     uv_prepare_stop(prep);
     PL_LOG(PL_LOG_DEBUG, "pool chunks returned", "\"chunks\":%zu,\"connections\":%llu", n,

@@ -84,18 +84,27 @@ static pl_pool_chunk *chunk_map(void)
     return (pl_pool_chunk *)start;
 }
 
+/* A chunk for <p>: a bare one it kept mapped (its pages come back as it is
+ * used; no call to the system), else a new mapping. */
 static pl_pool_chunk *chunk_new(pl_pool *p)
 {
-    pl_pool_chunk *c = chunk_map();
+    pl_pool_chunk *c;
 
-    if (c == NULL)
-        return NULL;
+    if (p->nbare > 0) {
+        c = p->bare[--p->nbare];
+    } else {
+        c = chunk_map();
+        if (c == NULL)
+            return NULL;
+        p->chunks_allocated++;
+    }
+    UNPOISON(c, HEADER_SIZE);
+    VALGRIND_MAKE_MEM_UNDEFINED(c, HEADER_SIZE);
     memset(c, 0, sizeof(*c));
     POISON((char *)c + HEADER_SIZE, PL_POOL_CHUNK_SIZE - HEADER_SIZE);
     VALGRIND_MAKE_MEM_NOACCESS((char *)c + HEADER_SIZE, PL_POOL_CHUNK_SIZE - HEADER_SIZE);
     DL_PREPEND(p->avail, c);
     p->chunks++;
-    p->chunks_allocated++;
     if (!p->registered) {
         p->registered = 1;
         p->next = registry;
@@ -177,46 +186,42 @@ void pl_pool_free(void *ptr, size_t size)
         pl_free(ptr);
 }
 
-/* An empty chunk that is kept gives its pages back but its first (the
- * header's): RSS after a trim depends on what is in use, not on which
- * chunks were busy before. Its objects are carved afresh. */
-static void chunk_decommit(pl_pool_chunk *c)
+static void chunk_unmap(pl_pool *p, void *c)
 {
-    size_t page = 4096;
+    /* Unpoison first: the sanitizers must not see a later mapping at this
+     * address as poisoned. */
+    UNPOISON(c, PL_POOL_CHUNK_SIZE);
+    VALGRIND_MAKE_MEM_UNDEFINED(c, PL_POOL_CHUNK_SIZE);
+    munmap(c, PL_POOL_CHUNK_SIZE);
+    p->chunks_returned++;
+}
 
-    if (c->carved == 0)
+/* Gives an empty chunk's pages back. Its address range is kept (bare, up
+ * to PL_POOL_BARE_MAX, at no cost in RSS) for the pool's next chunk, else
+ * unmapped. */
+static void chunk_release(pl_pool *p, pl_pool_chunk *c)
+{
+    DL_DELETE(p->avail, c);
+    p->chunks--;
+    if (p->nbare == PL_POOL_BARE_MAX) {
+        chunk_unmap(p, c);
         return;
-    c->carved = 0;
-    c->free = NULL;
-    madvise((char *)c + page, PL_POOL_CHUNK_SIZE - page, MADV_DONTNEED);
+    }
+    madvise(c, PL_POOL_CHUNK_SIZE, MADV_DONTNEED);
+    POISON(c, PL_POOL_CHUNK_SIZE);
+    VALGRIND_MAKE_MEM_NOACCESS(c, PL_POOL_CHUNK_SIZE);
+    p->bare[p->nbare++] = c;
 }
 
 static size_t pool_trim(pl_pool *p)
 {
-    uint64_t per = per_chunk(p), spare = p->chunks * per - p->in_use;
-    uint64_t keep = p->in_use > per ? p->in_use : per;
+    uint64_t returned = p->chunks_returned;
     pl_pool_chunk *c, *next;
-    size_t n = 0;
 
-    DL_FOREACH_SAFE(p->avail, c, next) {
-        if (c->used != 0)
-            continue;
-        if (spare < keep + per) {
-            chunk_decommit(c);
-            continue;
-        }
-        DL_DELETE(p->avail, c);
-        /* Unpoison first: the sanitizers must not see a later mapping at
-         * this address as poisoned. */
-        UNPOISON(c, PL_POOL_CHUNK_SIZE);
-        VALGRIND_MAKE_MEM_UNDEFINED(c, PL_POOL_CHUNK_SIZE);
-        munmap(c, PL_POOL_CHUNK_SIZE);
-        spare -= per;
-        p->chunks--;
-        p->chunks_returned++;
-        n++;
-    }
-    return n;
+    DL_FOREACH_SAFE(p->avail, c, next)
+        if (c->used == 0)
+            chunk_release(p, c);
+    return (size_t)(p->chunks_returned - returned);
 }
 
 size_t pl_pool_trim(void)
@@ -236,7 +241,7 @@ void pl_pool_each(void (*fn)(const pl_pool *p, void *arg), void *arg)
 
 size_t pl_pool_reserved_bytes(const pl_pool *p)
 {
-    return (size_t)p->chunks * PL_POOL_CHUNK_SIZE;
+    return (size_t)(p->chunks + p->nbare) * PL_POOL_CHUNK_SIZE;
 }
 
 uint64_t pl_pool_in_use_total(void)

@@ -25,6 +25,10 @@
 
 typedef struct pl_pool_chunk pl_pool_chunk;
 
+/* Empty chunks a pool keeps mapped, their pages given back, at most (8 MiB
+ * of address space). */
+#define PL_POOL_BARE_MAX 128
+
 /* A pool of objects of one size. Define one statically with PL_POOL_INIT;
  * it joins the registry (metrics, trim) on its first get. */
 typedef struct pl_pool {
@@ -34,7 +38,9 @@ typedef struct pl_pool {
     pl_pool_chunk *full;     /* chunks with none */
     struct pl_pool *next;    /* in the registry */
     uint64_t in_use;         /* objects handed out */
-    uint64_t chunks;         /* chunks held now */
+    uint64_t chunks;         /* chunks with objects carved, held now */
+    void *bare[PL_POOL_BARE_MAX]; /* empty chunks kept mapped, pages returned */
+    uint32_t nbare;
     uint64_t chunks_allocated, chunks_returned; /* ever */
     int registered;
 } pl_pool;
@@ -59,17 +65,19 @@ void pl_pool_free(void *ptr, size_t size);
 
 #define PL_POOL_CLASS_MAX 16384
 
-/* Returns to the system every chunk whose objects are all free, keeping in
- * each pool free room for as many objects as are in use (at least one
- * chunk), so traffic that swings within a factor of two does not allocate
- * and free chunks over and over. The empty chunks kept give back their
- * pages (not their address range). Returns the number of chunks returned. */
+/* Gives back to the system the pages of every chunk whose objects are all
+ * free, so RSS afterwards depends only on what is in use. Up to
+ * PL_POOL_BARE_MAX such chunks per pool keep their address range (not
+ * resident) for the pool's next chunks: traffic that comes back takes no
+ * chunk from the system. Beyond, they are unmapped. Returns the number of
+ * chunks unmapped. */
 size_t pl_pool_trim(void);
 
 /* Calls <fn> for every pool that has ever handed out an object. */
 void pl_pool_each(void (*fn)(const pl_pool *p, void *arg), void *arg);
 
-/* Bytes <p> holds from the system now. */
+/* Bytes <p> holds mapped now (bare chunks included; their pages are not
+ * resident). */
 size_t pl_pool_reserved_bytes(const pl_pool *p);
 
 /* Objects handed out from every pool and not yet given back (a leak check

@@ -38,61 +38,88 @@ static void test_get_put_reuses_freshest(void)
     CHECK_EQ(things.in_use, 0);
 }
 
+/* Pages of <chunk> resident in memory. */
+static int resident_pages(const void *chunk)
+{
+    unsigned char vec[PL_POOL_CHUNK_SIZE / 4096];
+    int n = 0;
+
+    if (mincore((void *)chunk, PL_POOL_CHUNK_SIZE, vec) != 0)
+        return -1;
+    for (size_t i = 0; i < sizeof(vec); i++)
+        n += vec[i] & 1;
+    return n;
+}
+
+static void *chunk_of(const void *obj)
+{
+    return (void *)((uintptr_t)obj & ~(uintptr_t)(PL_POOL_CHUNK_SIZE - 1));
+}
+
 static void test_chunks_and_trim(void)
 {
     enum { N = 2000 };
     static thing *objs[N];
-    uint64_t allocated = things.chunks_allocated, per;
-    size_t returned;
+    uint64_t allocated = things.chunks_allocated, held;
+    void *first;
 
     for (int i = 0; i < N; i++) {
         objs[i] = pl_pool_get(&things);
         CHECK(objs[i] != NULL);
+        memset(objs[i], 'x', sizeof(thing));
         /* every object lies inside the aligned chunk its address masks to */
         CHECK(((uintptr_t)objs[i] & (PL_POOL_CHUNK_SIZE - 1)) + sizeof(thing) <=
               PL_POOL_CHUNK_SIZE);
     }
-    per = N / things.chunks + (N % things.chunks != 0);
-    CHECK(things.chunks >= 2);
-    CHECK(things.chunks_allocated - allocated == things.chunks - (allocated > 0));
-    CHECK_EQ(pl_pool_reserved_bytes(&things), things.chunks * PL_POOL_CHUNK_SIZE);
+    held = things.chunks;
+    CHECK(held >= 2);
+    CHECK(things.chunks_allocated - allocated <= held);
+    CHECK_EQ(pl_pool_reserved_bytes(&things), held * PL_POOL_CHUNK_SIZE);
+    first = chunk_of(objs[0]);
+    CHECK(resident_pages(first) == PL_POOL_CHUNK_SIZE / 4096);
 
-    /* Nothing free: nothing to give back. */
-    CHECK_EQ(pl_pool_trim(), 0);
-    /* Half released: the free room (about half) stays for the half in use. */
+    /* Half released, interleaved: no chunk is wholly free, nothing moves. */
     for (int i = 0; i < N; i += 2)
         pl_pool_put(&things, objs[i]);
-    CHECK_EQ(pl_pool_trim(), 0); /* interleaved: no chunk is wholly free */
-    for (int i = 1; i < N / 2; i += 2)
+    CHECK_EQ(pl_pool_trim(), 0);
+    CHECK_EQ(things.chunks, held);
+    CHECK(resident_pages(first) == PL_POOL_CHUNK_SIZE / 4096);
+    /* All released: every page goes back, the address ranges stay, and
+     * traffic coming back takes no chunk from the system. */
+    for (int i = 1; i < N; i += 2)
         pl_pool_put(&things, objs[i]);
-    /* a quarter in use: chunks go back while the free room stays >= that */
-    returned = pl_pool_trim();
-    CHECK(returned >= 1);
-    CHECK(things.chunks * per >= 2 * things.in_use);
-    CHECK_EQ(things.chunks_returned, returned);
-    /* Everything released: one chunk is kept, the rest go back. */
-    for (int i = N / 2 + 1; i < N; i += 2)
-        pl_pool_put(&things, objs[i]);
-    CHECK_EQ(things.in_use, 0);
-    pl_pool_trim();
-    CHECK_EQ(things.chunks, 1);
-    /* And the pool still works, from the kept chunk, whose pages went back
-     * (all but the header's) and whose objects are carved afresh. */
+    CHECK_EQ(pl_pool_trim(), 0);
+    CHECK_EQ(things.chunks, 0);
+    CHECK_EQ(pl_pool_reserved_bytes(&things), held * PL_POOL_CHUNK_SIZE);
+    CHECK_EQ(resident_pages(first), 0);
     allocated = things.chunks_allocated;
-    objs[0] = pl_pool_get(&things);
-    CHECK(objs[0] != NULL);
+    for (int i = 0; i < N; i++)
+        objs[i] = pl_pool_get(&things);
     CHECK_EQ(things.chunks_allocated, allocated);
-    {
-        char *chunk = (char *)((uintptr_t)objs[0] & ~(uintptr_t)(PL_POOL_CHUNK_SIZE - 1));
-        unsigned char vec[PL_POOL_CHUNK_SIZE / 4096];
-        int resident = 0;
-        CHECK((char *)objs[0] - chunk < 4096); /* the first object again */
-        CHECK_EQ(mincore(chunk, PL_POOL_CHUNK_SIZE, vec), 0);
-        for (size_t i = 0; i < sizeof(vec); i++)
-            resident += vec[i] & 1;
-        CHECK(resident <= 2);
-    }
-    pl_pool_put(&things, objs[0]);
+    CHECK_EQ(things.chunks, held);
+    CHECK(objs[N - 1] != NULL);
+    for (int i = 0; i < N; i++)
+        pl_pool_put(&things, objs[i]);
+}
+
+/* More empty chunks than a pool keeps bare: the rest are unmapped. */
+static void test_bare_chunks_bounded(void)
+{
+    enum { N = PL_POOL_BARE_MAX + 3 };
+    static pl_pool big = PL_POOL_INIT("big", 40000); /* one per chunk */
+    static void *objs[N];
+
+    for (int i = 0; i < N; i++)
+        objs[i] = pl_pool_get(&big);
+    CHECK_EQ(big.chunks, N);
+    for (int i = 0; i < N; i++)
+        pl_pool_put(&big, objs[i]);
+    CHECK_EQ(pl_pool_trim(), 3);
+    CHECK_EQ(big.chunks_returned, 3);
+    CHECK_EQ(pl_pool_reserved_bytes(&big), (size_t)PL_POOL_BARE_MAX * PL_POOL_CHUNK_SIZE);
+    objs[0] = pl_pool_get(&big);
+    CHECK_EQ(big.chunks_allocated, N); /* a bare one again */
+    pl_pool_put(&big, objs[0]);
 }
 
 /* Warm traffic that stays within what was reserved allocates no chunk. */
@@ -238,6 +265,7 @@ int main(int argc, char **argv)
         return use_after_release();
     RUN(test_get_put_reuses_freshest);
     RUN(test_chunks_and_trim);
+    RUN(test_bare_chunks_bounded);
     RUN(test_steady_churn_is_flat);
     RUN(test_injected_failure);
     RUN(test_size_classes);
