@@ -24,7 +24,7 @@ typedef struct pl_entry pl_entry;
 /* Controller ids shorter than this live in a waiter from the waiter pool
  * ("controller_" and a UUID is 47 bytes, some clients add a few); a longer
  * one (up to 256 bytes) takes a size class. */
-#define ID_INLINE 56
+#define ID_INLINE 52
 
 struct pl_waiter {
     pl_waiter *qprev, *qnext; /* in its key's queue, oldest first */

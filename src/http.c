@@ -42,9 +42,11 @@ struct pl_conn {
     pl_h1 *h1;                 /* the request being read; NULL between */
     void *data;                /* the application's (a parked waiter) */
     pl_conn *lprev, *lnext;    /* in http->lists[list] (utlist) */
-    uint64_t since;            /* when it entered that list */
     pl_buf in;                 /* bytes received but not yet parsed */
-    uint8_t list, tag, data_kind;
+    /* When it entered that list, in loop milliseconds modulo 2^32: list
+     * timeouts are far shorter, and a parked poll is 8 bytes smaller. */
+    uint32_t since;
+    unsigned list : 3, tag : 8, data_kind : 4;
     unsigned pending : 1;      /* request handed over, not yet answered */
     unsigned in_parse : 1;     /* inside conn_execute() */
     unsigned finishing : 1;    /* last answer sent; shutting down */
@@ -117,12 +119,12 @@ static void list_add(pl_conn *c, uint8_t which)
 
     list_remove(c);
     c->list = which;
-    c->since = uv_now(h->loop);
+    c->since = (uint32_t)uv_now(h->loop);
     DL_APPEND2(h->lists[which], c, lprev, lnext);
     if (which == TL_RESUME)
         uv_idle_start(&h->resume, resume_cb);
     else
-        timer_arm(h, c->since + h->timeouts[which]);
+        timer_arm(h, uv_now(h->loop) + h->timeouts[which]);
 }
 
 static void expire_one(pl_conn *c)
@@ -143,10 +145,10 @@ static void timer_cb(uv_timer_t *t)
     h->timer_due = 0;
     for (int i = TL_REQUEST; i <= TL_LINGER; i++) {
         pl_conn **head = &h->lists[i];
-        while (*head && (*head)->since + h->timeouts[i] <= now)
+        while (*head && (uint32_t)now - (*head)->since >= h->timeouts[i])
             expire_one(*head); /* always leaves the list */
-        if (*head && (*head)->since + h->timeouts[i] < next)
-            next = (*head)->since + h->timeouts[i];
+        if (*head && now + h->timeouts[i] - ((uint32_t)now - (*head)->since) < next)
+            next = now + h->timeouts[i] - ((uint32_t)now - (*head)->since);
     }
     if (next != UINT64_MAX)
         timer_arm(h, next);
@@ -590,7 +592,7 @@ void pl_conn_close(pl_conn *c)
 
 void pl_conn_set_tag(pl_conn *c, unsigned tag)
 {
-    c->tag = (uint8_t)tag;
+    c->tag = tag & 0xff;
 }
 
 void pl_conn_abort(pl_conn *c)
@@ -652,7 +654,7 @@ void *pl_conn_app(const pl_conn *c)
 void pl_conn_set_data(pl_conn *c, void *data, unsigned kind)
 {
     c->data = data;
-    c->data_kind = data ? (uint8_t)kind : 0;
+    c->data_kind = data ? kind & 0xf : 0;
 }
 
 void *pl_conn_data(const pl_conn *c, unsigned *kind)

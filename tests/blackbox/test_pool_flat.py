@@ -5,8 +5,9 @@ The mix: match cycles and churn with FIN and with RST (pl-loadgen), and from
 here 204 timeouts, 409 replacements, pipelined 400s and 413s. The warm-up is
 the same mix once more, after 3,000 polls parked and closed together, so the
 pools have met the connection peaks the mix can reach (aborted connections
-back up in the accept queue while the server is off its CPU; below 4,096
-connections the server keeps its chunks). Skipped under
+back up in the accept queue while the server is off its CPU). Trims between
+the phases give pages back but keep the chunks' address ranges, so they do
+not count as chunk allocations when reused. Skipped under
 valgrind, which runs it a hundred times slower."""
 
 import os
