@@ -84,6 +84,13 @@ int pl_buf_append(pl_buf *b, const void *data, size_t n)
     return 0;
 }
 
+int pl_buf_reserve(pl_buf *b, size_t n)
+{
+    if (n > UINT32_MAX)
+        return -1;
+    return n <= b->cap ? 0 : buf_grow(b, n);
+}
+
 void pl_buf_free(pl_buf *b)
 {
     pl_pool_free(b->data, b->cap);

@@ -32,6 +32,10 @@ typedef struct {
  * out of memory (then <b> is unchanged). */
 int pl_buf_append(pl_buf *b, const void *data, size_t n);
 
+/* Makes room for <n> bytes in all, so appends up to that do not grow <b>
+ * step by step. Returns 0, or -1 when out of memory (<b> unchanged). */
+int pl_buf_reserve(pl_buf *b, size_t n);
+
 /* Frees the bytes; <b> is empty again. */
 void pl_buf_free(pl_buf *b);
 
