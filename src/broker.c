@@ -6,12 +6,14 @@
 
 #include <llhttp.h>
 #include <openssl/crypto.h>
+#include <utlist.h>
 
 #include "pilotlight/broker.h"
 #include "pilotlight/log.h"
 #include "pilotlight/mem.h"
 #include "pilotlight/message.h"
 #include "pilotlight/poll.h"
+#include "pilotlight/pool.h"
 #include "pilotlight/token.h"
 
 #define METRICS_BUFFER_SIZE 16384
@@ -36,6 +38,7 @@ struct confirm {
     unsigned in_grace : 1;
     unsigned polling : 1;  /* this controller gives no ACK reports */
     pl_message msg;        /* views into data[] */
+    size_t size;           /* for pl_pool_free() */
     char data[];
 };
 
@@ -384,15 +387,10 @@ static void confirm_finish(pl_broker *b, confirm *rec, int delivered)
     } else {
         count_dispatch(b, delivered, rec->waited_ms, rec->start_ns);
     }
-    if (rec->prev)
-        rec->prev->next = rec->next;
-    else
-        b->confirms = rec->next;
-    if (rec->next)
-        rec->next->prev = rec->prev;
+    DL_DELETE(b->confirms, rec);
     if (b->confirms == NULL)
         uv_timer_stop(&b->confirm_timer);
-    pl_free(rec);
+    pl_pool_free(rec, rec->size);
 }
 
 static void confirm_acked(pl_broker *b, confirm *rec, pl_confirm_method how)
@@ -502,7 +500,8 @@ static void confirm_start(pl_broker *b, pl_conn *dispatcher, const pl_message *m
                           uint64_t waited_ms, uint64_t start_ns)
 {
     size_t dl = m->key.deployment_len, vl = m->key.version_len;
-    confirm *rec = pl_malloc(sizeof(*rec) + m->payload_len + dl + vl);
+    size_t size = sizeof(confirm) + m->payload_len + dl + vl;
+    confirm *rec = pl_pool_alloc(size, NULL);
     uint64_t now = uv_now(b->loop);
 
     if (rec == NULL) {
@@ -512,6 +511,7 @@ static void confirm_start(pl_broker *b, pl_conn *dispatcher, const pl_message *m
         return;
     }
     memset(rec, 0, sizeof(*rec));
+    rec->size = size;
     memcpy(rec->data, m->payload, m->payload_len);
     memcpy(rec->data + m->payload_len, m->key.deployment, dl);
     memcpy(rec->data + m->payload_len + dl, m->key.version, vl);
@@ -524,10 +524,7 @@ static void confirm_start(pl_broker *b, pl_conn *dispatcher, const pl_message *m
     rec->deadline = now + b->cfg->confirm_timeout_ms;
     rec->start_ns = start_ns;
     rec->waited_ms = waited_ms;
-    rec->next = b->confirms;
-    if (b->confirms)
-        b->confirms->prev = rec;
-    b->confirms = rec;
+    DL_PREPEND(b->confirms, rec);
     confirm_attach(b, rec, now);
     pl_conn_set_data(dispatcher, rec, DATA_DISPATCH);
 }

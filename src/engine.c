@@ -2,19 +2,30 @@
 #include <assert.h>
 #include <string.h>
 
+#include <utlist.h>
+
 #include "pilotlight/engine.h"
 #include "pilotlight/mem.h"
+#include "pilotlight/pool.h"
 
-/* uthash allocates its buckets through our wrapper and, on failure, leaves
- * the table unchanged and tells us instead of calling exit(). */
+/* uthash allocates its buckets from the pools' size classes (an id index
+ * that empties and refills on every cycle then costs no system call) and,
+ * on failure, leaves the table unchanged and tells us instead of calling
+ * exit(). */
 #define HASH_NONFATAL_OOM 1
-#define uthash_malloc(sz) pl_malloc(sz)
-#define uthash_free(ptr, sz) pl_free(ptr)
+#define uthash_malloc(sz) pl_pool_alloc(sz, NULL)
+#define uthash_free(ptr, sz) pl_pool_free(ptr, sz)
 #define uthash_nonfatal_oom(obj) (oom_flag = 1)
 static int oom_flag;
 #include <uthash.h>
 
 typedef struct pl_entry pl_entry;
+
+/* A waiter's index key (controller id, a NUL, the key's deployment, a NUL)
+ * up to this long lives in a waiter from the waiter pool: "controller_" and a
+ * UUID is 47 bytes, "deployment_" and a cuid 36, some clients add a few. A
+ * longer one (ids up to 256 bytes) takes a size class. */
+#define ID_INLINE 88
 
 struct pl_waiter {
     pl_waiter *qprev, *qnext; /* in its key's queue, oldest first */
@@ -26,9 +37,11 @@ struct pl_waiter {
     char id[];         /* the id, a NUL, the key's deployment */
 };
 
+static pl_pool waiter_pool = PL_POOL_INIT("waiter", sizeof(pl_waiter) + ID_INLINE);
+
 struct pl_entry {
     UT_hash_handle hh; /* by encoded key */
-    pl_waiter *head, *tail;
+    pl_waiter *head;   /* utlist: head->qprev is the tail */
     uint32_t count;
     uint32_t keylen;
     unsigned char keybytes[];
@@ -38,8 +51,8 @@ struct pl_engine {
     pl_engine_opts opts;
     pl_entry *entries;      /* uthash head, by key */
     pl_waiter *by_id;       /* uthash head, by controller id and deployment */
-    pl_waiter *oldest;      /* time list: every waiter, by park time. One */
-    pl_waiter *newest;      /* timeout for all keeps it sorted by deadline. */
+    pl_waiter *oldest;      /* time list: every waiter, by park time (one
+                             * timeout for all keeps it sorted by deadline) */
     size_t nkeys;
     pl_ledger ledger;
 };
@@ -93,7 +106,28 @@ size_t pl_engine_each_key(const pl_engine *e, size_t max,
 
 size_t pl_engine_waiter_size(size_t id_len)
 {
-    return sizeof(pl_waiter) + id_len + 1;
+    size_t n = sizeof(pl_waiter) + id_len + 1;
+
+    return n <= waiter_pool.size ? waiter_pool.size : n;
+}
+
+/* "A waiter": from the waiter pool, or a size class for a long id. */
+static pl_waiter *waiter_get(size_t id_len)
+{
+    size_t n = pl_engine_waiter_size(id_len);
+
+    return n == waiter_pool.size ? pl_pool_get(&waiter_pool) : pl_pool_alloc(n, NULL);
+}
+
+/* Frees <w>; its id length is in hh.keylen from the moment it was made. */
+static void waiter_put(pl_waiter *w)
+{
+    size_t n = pl_engine_waiter_size(w->hh.keylen);
+
+    if (n == waiter_pool.size)
+        pl_pool_put(&waiter_pool, w);
+    else
+        pl_pool_free(w, n);
 }
 
 const char *pl_outcome_name(pl_outcome o)
@@ -130,7 +164,7 @@ size_t pl_engine_waiting(const pl_engine *e, const pl_key *key)
 /* Adds an empty entry for the encoded key <buf>; NULL when out of memory. */
 static pl_entry *new_entry(pl_engine *e, const unsigned char *buf, size_t len)
 {
-    pl_entry *ent = pl_malloc(sizeof(*ent) + len);
+    pl_entry *ent = pl_pool_alloc(sizeof(*ent) + len, NULL);
 
     if (ent == NULL)
         return NULL;
@@ -140,7 +174,7 @@ static pl_entry *new_entry(pl_engine *e, const unsigned char *buf, size_t len)
     oom_flag = 0;
     HASH_ADD(hh, e->entries, keybytes, len, ent);
     if (oom_flag) {
-        pl_free(ent);
+        pl_pool_free(ent, sizeof(*ent) + len);
         return NULL;
     }
     e->nkeys++;
@@ -152,31 +186,16 @@ static void drop_entry_if_empty(pl_engine *e, pl_entry *ent)
     if (ent->count > 0)
         return;
     HASH_DELETE(hh, e->entries, ent);
-    pl_free(ent);
+    pl_pool_free(ent, sizeof(*ent) + ent->keylen);
     e->nkeys--;
 }
 
 /* Links <w> at the tail of its key's queue and of the time list. */
 static void link_waiter(pl_engine *e, pl_waiter *w)
 {
-    pl_entry *ent = w->entry;
-
-    w->qnext = NULL;
-    w->qprev = ent->tail;
-    if (ent->tail)
-        ent->tail->qnext = w;
-    else
-        ent->head = w;
-    ent->tail = w;
-    ent->count++;
-
-    w->tnext = NULL;
-    w->tprev = e->newest;
-    if (e->newest)
-        e->newest->tnext = w;
-    else
-        e->oldest = w;
-    e->newest = w;
+    DL_APPEND2(w->entry->head, w, qprev, qnext);
+    w->entry->count++;
+    DL_APPEND2(e->oldest, w, tprev, tnext);
     e->ledger.parked_now++;
 }
 
@@ -184,25 +203,9 @@ static void unlink_waiter(pl_engine *e, pl_waiter *w)
 {
     pl_entry *ent = w->entry;
 
-    if (w->qprev)
-        w->qprev->qnext = w->qnext;
-    else
-        ent->head = w->qnext;
-    if (w->qnext)
-        w->qnext->qprev = w->qprev;
-    else
-        ent->tail = w->qprev;
+    DL_DELETE2(ent->head, w, qprev, qnext);
     ent->count--;
-
-    if (w->tprev)
-        w->tprev->tnext = w->tnext;
-    else
-        e->oldest = w->tnext;
-    if (w->tnext)
-        w->tnext->tprev = w->tprev;
-    else
-        e->newest = w->tprev;
-
+    DL_DELETE2(e->oldest, w, tprev, tnext);
     HASH_DELETE(hh, e->by_id, w);
     drop_entry_if_empty(e, ent);
 }
@@ -225,7 +228,7 @@ static void retire(pl_engine *e, pl_waiter *w, pl_outcome outcome, int linked)
         e->ledger.parked_now--;
     e->ledger.settled[outcome]++;
     assert(ledger_balanced(&e->ledger));
-    pl_free(w);
+    waiter_put(w);
 }
 
 static int settle(pl_engine *e, pl_waiter *w, pl_outcome outcome,
@@ -299,10 +302,11 @@ static pl_waiter *new_waiter(const char *id, size_t id_len, const pl_key *key, v
     pl_waiter *w;
 
     *idx_len = id_len + 1 + key->deployment_len;
-    w = pl_malloc(pl_engine_waiter_size(*idx_len));
+    w = waiter_get(*idx_len);
     if (w == NULL)
         return NULL;
     memset(w, 0, sizeof(*w));
+    w->hh.keylen = (unsigned)*idx_len; /* waiter_put() reads it, indexed or not */
     memcpy(w->id, id, id_len);
     w->id[id_len] = '\0';
     memcpy(w->id + id_len + 1, key->deployment, key->deployment_len);
@@ -335,7 +339,7 @@ int pl_engine_park(pl_engine *e, const pl_key *key, const char *id,
     ent = lookup(e, buf, len);
     why = over_cap(e, ent, old);
     if (why == NULL && index_waiter(e, w, ent, buf, len, idx_len) != 0) {
-        pl_free(w);
+        waiter_put(w);
         return PL_ENOMEM;
     }
     if (why == NULL) {
@@ -361,7 +365,7 @@ int pl_engine_deliver(pl_engine *e, const pl_key *key, const void *payload,
     pl_entry *ent = find_entry(e, key);
 
     while (ent != NULL) {
-        pl_waiter *w = e->opts.order == PL_ORDER_LIFO ? ent->tail : ent->head;
+        pl_waiter *w = e->opts.order == PL_ORDER_LIFO ? ent->head->qprev : ent->head;
         uint64_t parked_at = w->parked_at;
         /* Settling the last waiter frees the entry: decide before. */
         pl_entry *next = ent->count > 1 ? ent : NULL;
@@ -423,18 +427,18 @@ int pl_engine_adopt(pl_engine *e, const pl_key *key, const char *id, size_t id_l
     if (len == 0)
         return PL_EINVAL;
     /* The time list stays sorted whatever order waiters arrive in. */
-    if (e->newest && e->newest->parked_at > parked_at)
-        parked_at = e->newest->parked_at;
+    if (e->oldest && e->oldest->tprev->parked_at > parked_at) /* utlist: the tail */
+        parked_at = e->oldest->tprev->parked_at;
     w = new_waiter(id, id_len, key, owner, parked_at, &idx_len);
     if (w == NULL)
         return PL_ENOMEM;
     HASH_FIND(hh, e->by_id, w->id, idx_len, old);
     if (old != NULL) {
-        pl_free(w);
+        waiter_put(w);
         return PL_EEXIST;
     }
     if (index_waiter(e, w, lookup(e, buf, len), buf, len, idx_len) != 0) {
-        pl_free(w);
+        waiter_put(w);
         return PL_ENOMEM;
     }
     e->ledger.adopted++;

@@ -228,6 +228,11 @@ static int on_headers_complete(llhttp_t *p)
         cont = body;
     }
     h->body_off = h->arena.len;
+    /* A body of announced length is copied into one block, not doubled
+     * into it. */
+    if ((p->flags & F_CONTENT_LENGTH) && p->content_length > 0 &&
+        pl_buf_reserve(&h->arena, h->arena.len + p->content_length) != 0)
+        return fail(h, 503, "out of memory");
     if (h->events && h->events->headers && h->events->headers(h->owner, cont) != 0)
         return fail(h, 0, NULL);
     return 0;

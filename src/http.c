@@ -16,16 +16,23 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <utlist.h>
+
 #include "pilotlight/http.h"
 #include "pilotlight/log.h"
 #include "pilotlight/mem.h"
+#include "pilotlight/pool.h"
 
 #define container_of(ptr, type, member) \
     ((type *)(void *)((char *)(ptr) - offsetof(type, member)))
 
 #define READ_BUFFER_SIZE 65536
-#define ARENA_KEEP_MAX 65536 /* a request arena larger than this is not kept */
 #define LINGER_MS 2000
+/* Pool memory goes back to the system when the open connections fall to an
+ * eighth of their peak since the last time (a new low), and that peak was
+ * at least this: a handful of connections coming and going does not trim. */
+#define TRIM_MIN_PEAK 64
+#define TRIM_FRACTION 8
 
 /* Counts ACK report offsets from the bytes written when reports were turned
  * on (Linux 6.2+), not from the bytes acknowledged then: our own count of
@@ -39,24 +46,26 @@
  * connection (its answer not yet sent, e.g. a parked poll) is in none. */
 enum { TL_NONE = 0, TL_REQUEST, TL_IDLE, TL_LINGER, TL_RESUME, TL__COUNT };
 
-typedef struct {
-    pl_conn *head, *tail;
-} conn_list;
-
+/* A connection holds only what outlives a request: a parked poll costs its
+ * socket, this and its waiter. The parser state and the request's bytes
+ * live in a pooled pl_h1 from the request's first byte to its dispatch. */
 struct pl_conn {
     uv_tcp_t tcp;
-    pl_h1 h1;
-    pl_http *http;
+    pl_h1 *h1;                 /* the request being read; NULL between */
     void *data;                /* the application's (a parked waiter) */
-    pl_conn *lprev, *lnext;    /* in http->lists[list] */
-    uint64_t since;            /* when it entered that list */
+    pl_conn *lprev, *lnext;    /* in http->lists[list] (utlist) */
     pl_buf in;                 /* bytes received but not yet parsed */
-    uint8_t list, tag, data_kind;
+    /* When it entered that list, in loop milliseconds modulo 2^32: list
+     * timeouts are far shorter, and a parked poll is 8 bytes smaller. */
+    uint32_t since;
+    unsigned list : 3, tag : 8, data_kind : 4;
     unsigned pending : 1;      /* request handed over, not yet answered */
     unsigned in_parse : 1;     /* inside conn_execute() */
     unsigned finishing : 1;    /* last answer sent; shutting down */
     unsigned closing : 1;
     unsigned tuned : 1;        /* dead-peer detection is on */
+    unsigned keep_alive : 1;   /* of the request being answered */
+    unsigned head : 1;         /* that request is a HEAD */
     unsigned acks : 2;         /* ACK reports: ACKS_OFF, ACKS_ON, ACKS_REFUSED */
     unsigned ack_waiting : 1;  /* on_acked is due at ack_want */
     uint32_t out_bytes;        /* bytes ever given to conn_write, mod 2^32 */
@@ -77,13 +86,14 @@ struct pl_http {
     int nlisteners; /* initialised so far; each is closed once */
     uv_timer_t timer;
     uv_idle_t resume;
+    uv_prepare_t trim;  /* gives pool memory back before the loop waits */
     uint64_t timer_due; /* when the armed timer fires */
     pl_http_limits limits;
     pl_h1_limits h1_limits;
     size_t max_queued; /* bytes one connection may have waiting to be sent */
     pl_http_callbacks cb;
     void *app;
-    conn_list lists[TL__COUNT];
+    pl_conn *lists[TL__COUNT];
     uint64_t timeouts[TL__COUNT];
     uint64_t nconns;
     uint64_t peak; /* most connections since memory was last trimmed */
@@ -94,8 +104,19 @@ struct pl_http {
     char readbuf[READ_BUFFER_SIZE];
 };
 
+/* A connection's server is its handle's data: a parked poll is 8 bytes
+ * smaller than with a field of its own. */
+static pl_http *conn_http(const pl_conn *c)
+{
+    return c->tcp.data;
+}
+
+static pl_pool conn_pool = PL_POOL_INIT("conn", sizeof(pl_conn));
+static pl_pool request_pool = PL_POOL_INIT("request", sizeof(pl_h1));
+
 typedef struct {
     uv_write_t req;
+    size_t size; /* for pl_pool_free() */
     char data[];
 } write_req;
 
@@ -103,6 +124,8 @@ static void conn_close(pl_conn *c);
 static void conn_process_buffered(pl_conn *c);
 static void timer_arm(pl_http *h, uint64_t due);
 static void resume_cb(uv_idle_t *idle);
+static void trim_cb(uv_prepare_t *prep);
+static void request_end(pl_conn *c);
 static void respond_own(pl_conn *c, int status, const char *msg);
 static listener *listener_new(pl_http *h);
 static int listener_start(listener *l, uint16_t *bound_port);
@@ -111,48 +134,32 @@ static int listener_start(listener *l, uint16_t *bound_port);
 
 static void list_remove(pl_conn *c)
 {
-    conn_list *l;
-
     if (c->list == TL_NONE)
         return;
-    l = &c->http->lists[c->list];
-    if (c->lprev)
-        c->lprev->lnext = c->lnext;
-    else
-        l->head = c->lnext;
-    if (c->lnext)
-        c->lnext->lprev = c->lprev;
-    else
-        l->tail = c->lprev;
-    c->lprev = c->lnext = NULL;
+    DL_DELETE2(conn_http(c)->lists[c->list], c, lprev, lnext);
     c->list = TL_NONE;
 }
 
 static void list_add(pl_conn *c, uint8_t which)
 {
-    pl_http *h = c->http;
-    conn_list *l = &h->lists[which];
+    pl_http *h = conn_http(c);
 
     list_remove(c);
     c->list = which;
-    c->since = uv_now(h->loop);
-    c->lprev = l->tail;
-    c->lnext = NULL;
-    if (l->tail)
-        l->tail->lnext = c;
-    else
-        l->head = c;
-    l->tail = c;
+    c->since = (uint32_t)uv_now(h->loop);
+    DL_APPEND2(h->lists[which], c, lprev, lnext);
     if (which == TL_RESUME)
         uv_idle_start(&h->resume, resume_cb);
     else
-        timer_arm(h, c->since + h->timeouts[which]);
+        timer_arm(h, uv_now(h->loop) + h->timeouts[which]);
 }
 
 static void expire_one(pl_conn *c)
 {
-    if (c->list == TL_REQUEST && c->h1.in_msg)
+    if (c->list == TL_REQUEST && c->h1 != NULL && c->h1->in_msg) {
+        request_end(c);
         respond_own(c, 408, "request not received in time");
+    }
     else
         conn_close(c);
 }
@@ -164,11 +171,11 @@ static void timer_cb(uv_timer_t *t)
 
     h->timer_due = 0;
     for (int i = TL_REQUEST; i <= TL_LINGER; i++) {
-        conn_list *l = &h->lists[i];
-        while (l->head && l->head->since + h->timeouts[i] <= now)
-            expire_one(l->head); /* always leaves the list */
-        if (l->head && l->head->since + h->timeouts[i] < next)
-            next = l->head->since + h->timeouts[i];
+        pl_conn **head = &h->lists[i];
+        while (*head && (uint32_t)now - (*head)->since >= h->timeouts[i])
+            expire_one(*head); /* always leaves the list */
+        if (*head && now + h->timeouts[i] - ((uint32_t)now - (*head)->since) < next)
+            next = now + h->timeouts[i] - ((uint32_t)now - (*head)->since);
     }
     if (next != UINT64_MAX)
         timer_arm(h, next);
@@ -189,8 +196,9 @@ static void timer_arm(pl_http *h, uint64_t due)
 static void on_write(uv_write_t *req, int status)
 {
     pl_conn *c = container_of(req->handle, pl_conn, tcp);
+    write_req *w = container_of(req, write_req, req);
 
-    pl_free(container_of(req, write_req, req));
+    pl_pool_free(w, w->size);
     if (status < 0)
         conn_close(c);
 }
@@ -222,18 +230,19 @@ static int conn_write(pl_conn *c, const uv_buf_t *bufs, unsigned n)
     skip = (size_t)r;
     rest = total - skip;
     if (uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) + rest >
-        c->http->max_queued) {
+        conn_http(c)->max_queued) {
         /* A client that does not read must not make us hold its answers:
          * drop it, as if it had gone. */
         PL_LOG(PL_LOG_DEBUG, "client not reading: connection dropped", NULL);
         pl_conn_abort(c);
         return -1;
     }
-    w = pl_malloc(sizeof(*w) + rest);
+    w = pl_pool_alloc(sizeof(*w) + rest, NULL);
     if (w == NULL) {
         conn_close(c);
         return -1;
     }
+    w->size = sizeof(*w) + rest;
     p = w->data;
     for (unsigned i = 0; i < n; i++) {
         size_t len = bufs[i].len, off = skip < len ? skip : len;
@@ -243,7 +252,7 @@ static int conn_write(pl_conn *c, const uv_buf_t *bufs, unsigned n)
     }
     b = uv_buf_init(w->data, (unsigned)rest);
     if (uv_write(&w->req, (uv_stream_t *)&c->tcp, &b, 1, on_write) != 0) {
-        pl_free(w);
+        pl_pool_free(w, w->size);
         conn_close(c);
         return -1;
     }
@@ -278,7 +287,7 @@ static void on_shutdown(uv_shutdown_t *req, int status)
 {
     pl_conn *c = container_of(req->handle, pl_conn, tcp);
 
-    pl_free(req);
+    pl_pool_free(req, sizeof(*req));
     if (status < 0)
         conn_close(c);
 }
@@ -293,10 +302,10 @@ static void conn_finish(pl_conn *c)
     if (c->finishing || c->closing)
         return;
     c->finishing = 1;
-    req = pl_malloc(sizeof(*req));
+    req = pl_pool_alloc(sizeof(*req), NULL);
     if (req == NULL ||
         uv_shutdown(req, (uv_stream_t *)&c->tcp, on_shutdown) != 0) {
-        pl_free(req);
+        pl_pool_free(req, sizeof(*req));
         conn_close(c);
         return;
     }
@@ -328,12 +337,12 @@ static void put_uint(char **p, size_t v)
 int pl_conn_respond(pl_conn *c, int status, const char *content_type,
                     const char *extra_headers, const char *body, size_t len)
 {
-    pl_http *h = c->http;
+    pl_http *h = conn_http(c);
     /* status line, the longest reason, three fixed headers, digits: the
      * content type and extra headers are the server's own short strings */
     char head[512], *p = head;
     uv_buf_t bufs[2];
-    int keep = c->h1.keep_alive && !h->draining;
+    int keep = c->keep_alive && !h->draining;
 
     if (c->closing || c->finishing)
         return -1;
@@ -360,7 +369,7 @@ int pl_conn_respond(pl_conn *c, int status, const char *content_type,
     bufs[0] = uv_buf_init(head, (unsigned)(p - head));
     bufs[1] = uv_buf_init((char *)body, (unsigned)len);
     c->pending = 0;
-    if (conn_write(c, bufs, len > 0 && !c->h1.head ? 2 : 1) != 0)
+    if (conn_write(c, bufs, len > 0 && !c->head ? 2 : 1) != 0)
         return -1;
     if (h->cb.on_response)
         h->cb.on_response(h->app, c->tag, status);
@@ -379,7 +388,7 @@ static void respond_own(pl_conn *c, int status, const char *msg)
     char body[160];
     int n = snprintf(body, sizeof(body), "{\"error\":\"%s\"}", msg);
 
-    c->h1.keep_alive = 0;
+    c->keep_alive = 0;
     c->tag = 0;
     pl_conn_respond(c, status, "application/json", NULL, body, (size_t)n);
 }
@@ -391,6 +400,7 @@ static void on_begin(void *owner)
     pl_conn *c = owner;
 
     c->tag = 0;
+    c->keep_alive = c->head = 0; /* until this request is read */
     list_add(c, TL_REQUEST);
 }
 
@@ -408,19 +418,40 @@ static int on_headers(void *owner, int send_continue)
 
 static const pl_h1_events h1_events = {on_begin, on_headers};
 
+/* "A request": a parser from the request pool, for the bytes to come.
+ * Returns 0, or -1 when out of memory. */
+static int request_begin(pl_conn *c)
+{
+    c->h1 = pl_pool_get(&request_pool);
+    if (c->h1 == NULL)
+        return -1;
+    pl_h1_init(c->h1, &conn_http(c)->h1_limits, &h1_events, c);
+    return 0;
+}
+
+/* The request has been handed over or failed: its parser and bytes go back
+ * (a parked poll keeps none of them). */
+static void request_end(pl_conn *c)
+{
+    if (c->h1 == NULL)
+        return;
+    pl_h1_release(c->h1);
+    pl_pool_put(&request_pool, c->h1);
+    c->h1 = NULL;
+}
+
 static void conn_dispatch(pl_conn *c)
 {
-    pl_http *h = c->http;
+    pl_http *h = conn_http(c);
     pl_request req;
 
-    pl_h1_request(&c->h1, &req);
+    pl_h1_request(c->h1, &req);
+    c->keep_alive = c->h1->keep_alive;
+    c->head = c->h1->head;
     list_remove(c);
     c->pending = 1;
     h->cb.on_request(h->app, c, &req);
-    /* A parked poll keeps no request bytes; nor does an idle connection
-     * after one large body. */
-    if (c->pending || c->h1.arena.cap > ARENA_KEEP_MAX)
-        pl_h1_release(&c->h1);
+    request_end(c);
 }
 
 /* Parses <len> bytes at <data>. Returns how many were used: fewer when a
@@ -432,16 +463,25 @@ static size_t conn_execute(pl_conn *c, const char *data, size_t len)
 
     c->in_parse = 1;
     while (off < len && !c->pending && !c->closing && !c->finishing) {
-        pl_h1_result r = pl_h1_execute(&c->h1, data + off, len - off, &used);
+        pl_h1_result r;
+        if (c->h1 == NULL && request_begin(c) != 0) {
+            respond_own(c, 503, "out of memory");
+            off = len;
+            break;
+        }
+        r = pl_h1_execute(c->h1, data + off, len - off, &used);
         off += used;
         if (r == PL_H1_REQUEST) {
             conn_dispatch(c);
         } else if (r == PL_H1_ERROR) {
-            PL_LOG(PL_LOG_DEBUG, "bad request", "\"status\":%d", c->h1.err_status);
-            if (c->h1.err_status == 0)
+            int status = c->h1->err_status;
+            const char *msg = c->h1->err_msg; /* a static string */
+            PL_LOG(PL_LOG_DEBUG, "bad request", "\"status\":%d", status);
+            request_end(c);
+            if (status == 0)
                 conn_close(c);
             else
-                respond_own(c, c->h1.err_status, c->h1.err_msg);
+                respond_own(c, status, msg);
             off = len;
         }
     }
@@ -469,10 +509,9 @@ static void conn_process_buffered(pl_conn *c)
 static void resume_cb(uv_idle_t *idle)
 {
     pl_http *h = container_of(idle, pl_http, resume);
-    conn_list *l = &h->lists[TL_RESUME];
 
-    while (l->head) {
-        pl_conn *c = l->head;
+    while (h->lists[TL_RESUME]) {
+        pl_conn *c = h->lists[TL_RESUME];
         list_add(c, TL_IDLE); /* until its next request begins */
         conn_process_buffered(c);
     }
@@ -484,7 +523,7 @@ static void alloc_cb(uv_handle_t *handle, size_t suggested, uv_buf_t *buf)
     pl_conn *c = container_of(handle, pl_conn, tcp);
 
     (void)suggested;
-    *buf = uv_buf_init(c->http->readbuf, READ_BUFFER_SIZE);
+    *buf = uv_buf_init(conn_http(c)->readbuf, READ_BUFFER_SIZE);
 }
 
 /* Takes one report off <c>'s error queue; fires on_acked when it says the
@@ -515,8 +554,8 @@ static void conn_take_ack_report(pl_conn *c)
         /* Offsets wrap at 2^32; a report at or past the wanted one covers it. */
         if (c->ack_waiting && (int32_t)(ee->ee_data - c->ack_want) >= 0) {
             c->ack_waiting = 0;
-            if (c->http->cb.on_acked)
-                c->http->cb.on_acked(c->http->app, c);
+            if (conn_http(c)->cb.on_acked)
+                conn_http(c)->cb.on_acked(conn_http(c)->app, c);
         }
     }
 }
@@ -540,7 +579,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         return; /* lingering: drop what arrives */
     if (c->pending || c->in.len > 0) {
         /* Pipelined behind an unanswered request: keep it, bounded. */
-        if ((c->pending && c->in.len + (size_t)nread > c->http->limits.max_header_bytes) ||
+        if ((c->pending && c->in.len + (size_t)nread > conn_http(c)->limits.max_header_bytes) ||
             pl_buf_append(&c->in, buf->base, (size_t)nread) != 0) {
             conn_close(c);
             return;
@@ -560,25 +599,50 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 static void on_closed(uv_handle_t *handle)
 {
     pl_conn *c = container_of(handle, pl_conn, tcp);
-    pl_http *h = c->http;
+    pl_http *h = conn_http(c);
 
     pl_buf_free(&c->in);
-    pl_h1_release(&c->h1);
-    pl_free(c);
+    request_end(c);
+    pl_pool_put(&conn_pool, c);
     h->nconns--;
-    if (h->peak >= 1024 && h->nconns < h->peak / 2) {
-        /* Half of a large crowd has gone: give its memory back to the
-         * system, so RSS follows what is parked instead of its peak. */
-        h->peak = h->nconns;
-        malloc_trim(0);
-    }
+    if (h->peak >= TRIM_MIN_PEAK && h->nconns <= h->peak / TRIM_FRACTION)
+        uv_prepare_start(&h->trim, trim_cb);
     if (h->draining && h->nconns == 0 && h->drained)
         h->drained(h->drained_arg);
 }
 
+/* A crowd has gone: give its pages back to the system, so RSS follows what
+ * is open instead of its peak. Runs once per new low, as the loop is about
+ * to wait, however many connections closed in the turn. */
+static void trim_cb(uv_prepare_t *prep)
+{
+    pl_http *h = container_of(prep, pl_http, trim);
+    size_t n = pl_pool_trim();
+
+    h->peak = h->nconns;
+    malloc_trim(0); /* what is not pooled: hash tables, large buffers */
+    uv_prepare_stop(prep);
+    PL_LOG(PL_LOG_DEBUG, "pool chunks returned", "\"chunks\":%zu,\"connections\":%llu", n,
+           (unsigned long long)h->nconns);
+}
+
+pl_conn *pl_conn_get(pl_http *h)
+{
+    pl_conn *c = pl_pool_get(&conn_pool);
+
+    if (c == NULL)
+        return NULL;
+    memset(c, 0, sizeof(*c));
+    uv_tcp_init(h->loop, &c->tcp);
+    c->tcp.data = h; /* its server; also marks it as ours for close_walk() */
+    if (++h->nconns > h->peak)
+        h->peak = h->nconns;
+    return c;
+}
+
 static void conn_close(pl_conn *c)
 {
-    pl_http *h = c->http;
+    pl_http *h = conn_http(c);
 
     if (c->closing)
         return;
@@ -596,7 +660,7 @@ void pl_conn_close(pl_conn *c)
 
 void pl_conn_set_tag(pl_conn *c, unsigned tag)
 {
-    c->tag = (uint8_t)tag;
+    c->tag = tag & 0xff;
 }
 
 void pl_conn_abort(pl_conn *c)
@@ -681,13 +745,13 @@ void pl_conn_detect_dead_peer(pl_conn *c, unsigned idle_s, unsigned interval_s,
 
 void *pl_conn_app(const pl_conn *c)
 {
-    return c->http->app;
+    return conn_http(c)->app;
 }
 
 void pl_conn_set_data(pl_conn *c, void *data, unsigned kind)
 {
     c->data = data;
-    c->data_kind = data ? (uint8_t)kind : 0;
+    c->data_kind = data ? kind & 0xf : 0;
 }
 
 void *pl_conn_data(const pl_conn *c, unsigned *kind)
@@ -701,28 +765,9 @@ size_t pl_conn_size(void)
     return sizeof(pl_conn);
 }
 
-/* A new connection of <h>, its handle initialised but not yet open; the
- * accept and adoption paths both make connections here. NULL when out of
- * memory. */
-static pl_conn *conn_new(pl_http *h)
-{
-    pl_conn *c = pl_malloc(sizeof(*c));
-
-    if (c == NULL)
-        return NULL;
-    memset(c, 0, sizeof(*c));
-    c->http = h;
-    uv_tcp_init(h->loop, &c->tcp);
-    if (++h->nconns > h->peak)
-        h->peak = h->nconns;
-    return c;
-}
-
 /* <c>'s socket is open: parse from now on, in timer list <list>. */
 static void conn_start(pl_conn *c, uint8_t list)
 {
-    c->tcp.data = c->http; /* marks it as one of ours for close_walk() */
-    pl_h1_init(&c->h1, &c->http->h1_limits, &h1_events, c);
     uv_tcp_nodelay(&c->tcp, 1);
     if (list != TL_NONE)
         list_add(c, list);
@@ -745,7 +790,7 @@ static void on_connection(uv_stream_t *server, int status)
         }
         return;
     }
-    c = conn_new(h);
+    c = pl_conn_get(h);
     if (c == NULL) {
         PL_LOG(PL_LOG_ERROR, "out of memory accepting a connection", NULL);
         return;
@@ -763,7 +808,7 @@ static void on_connection(uv_stream_t *server, int status)
 
 pl_conn *pl_http_adopt(pl_http *h, int fd, int parked, int keep_alive)
 {
-    pl_conn *c = conn_new(h);
+    pl_conn *c = pl_conn_get(h);
 
     if (c == NULL) {
         close(fd);
@@ -779,7 +824,7 @@ pl_conn *pl_http_adopt(pl_http *h, int fd, int parked, int keep_alive)
     conn_start(c, parked ? TL_NONE : TL_IDLE);
     if (c->closing)
         return NULL;
-    c->h1.keep_alive = keep_alive != 0;
+    c->keep_alive = keep_alive != 0;
     return c;
 }
 
@@ -817,7 +862,7 @@ int pl_conn_handover_fd(const pl_conn *c)
     uv_os_fd_t fd;
 
     /* Bytes still queued here would be lost with our descriptor. */
-    if (c->closing || c->finishing || c->in.len > 0 || c->h1.in_msg ||
+    if (c->closing || c->finishing || c->in.len > 0 || c->h1 != NULL ||
         uv_stream_get_write_queue_size((const uv_stream_t *)&c->tcp) > 0 ||
         uv_fileno((const uv_handle_t *)&c->tcp, &fd) != 0)
         return -1;
@@ -826,7 +871,7 @@ int pl_conn_handover_fd(const pl_conn *c)
 
 int pl_conn_keep_alive(const pl_conn *c)
 {
-    return c->h1.keep_alive;
+    return c->keep_alive;
 }
 
 size_t pl_http_each_idle(pl_http *h, void (*fn)(pl_conn *c, void *arg), void *arg)
@@ -835,7 +880,7 @@ size_t pl_http_each_idle(pl_http *h, void (*fn)(pl_conn *c, void *arg), void *ar
     size_t n = 0;
 
     for (size_t i = 0; i < sizeof(which); i++)
-        for (pl_conn *c = h->lists[which[i]].head; c; c = c->lnext)
+        for (pl_conn *c = h->lists[which[i]]; c; c = c->lnext)
             if (c->data == NULL && pl_conn_handover_fd(c) >= 0) {
                 fn(c, arg);
                 n++;
@@ -858,9 +903,13 @@ void pl_http_set_limits(pl_http *h, const pl_http_limits *limits)
     h->max_queued = 2 * (size_t)limits->max_body_bytes + 65536;
     /* Every member of a list gets the list's new timeout: the lists stay
      * sorted, only the timer may now be due earlier. */
-    for (int i = TL_REQUEST; i <= TL_LINGER; i++)
-        if (h->lists[i].head)
-            timer_arm(h, h->lists[i].head->since + h->timeouts[i]);
+    for (int i = TL_REQUEST; i <= TL_LINGER; i++) {
+        uint64_t now = uv_now(h->loop), waited;
+        if (h->lists[i] == NULL)
+            continue;
+        waited = (uint32_t)now - h->lists[i]->since;
+        timer_arm(h, waited < h->timeouts[i] ? now + h->timeouts[i] - waited : now);
+    }
 }
 
 pl_http *pl_http_new(uv_loop_t *loop, const pl_http_limits *limits,
@@ -877,6 +926,7 @@ pl_http *pl_http_new(uv_loop_t *loop, const pl_http_limits *limits,
     pl_http_set_limits(h, limits);
     uv_timer_init(loop, &h->timer);
     uv_idle_init(loop, &h->resume);
+    uv_prepare_init(loop, &h->trim);
     return h;
 }
 
@@ -941,18 +991,17 @@ static void close_listener(pl_http *h)
 
 void pl_http_drain(pl_http *h, void (*done)(void *arg), void *arg)
 {
-    conn_list *idle = &h->lists[TL_IDLE], *req = &h->lists[TL_REQUEST];
     pl_conn *c, *next;
 
     h->draining = 1;
     h->drained = done;
     h->drained_arg = arg;
     close_listener(h);
-    while (idle->head)
-        conn_close(idle->head);
-    for (c = req->head; c; c = next) {
+    while (h->lists[TL_IDLE])
+        conn_close(h->lists[TL_IDLE]);
+    for (c = h->lists[TL_REQUEST]; c; c = next) {
         next = c->lnext;
-        if (!c->h1.in_msg)
+        if (c->h1 == NULL || !c->h1->in_msg)
             conn_close(c);
     }
     if (h->nconns == 0 && done)
@@ -977,6 +1026,7 @@ void pl_http_stop(pl_http *h)
     close_listener(h);
     uv_close((uv_handle_t *)&h->timer, NULL);
     uv_close((uv_handle_t *)&h->resume, NULL);
+    uv_close((uv_handle_t *)&h->trim, NULL);
 }
 
 void pl_http_free(pl_http *h)

@@ -1,13 +1,14 @@
-/* mem.c -- allocator wrapper with failure injection for tests. */
+/* mem.c -- allocator wrapper with failure injection for tests; byte buffers. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "pilotlight/mem.h"
+#include "pilotlight/pool.h"
 
 static unsigned long fail_countdown;
 static int fail_sticky;
 
-static int should_fail(void)
+int pl_mem_should_fail(void)
 {
     if (fail_countdown == 0)
         return 0;
@@ -22,12 +23,12 @@ static int should_fail(void)
 
 void *pl_malloc(size_t size)
 {
-    return should_fail() ? NULL : malloc(size);
+    return pl_mem_should_fail() ? NULL : malloc(size);
 }
 
 void *pl_realloc(void *ptr, size_t size)
 {
-    return should_fail() ? NULL : realloc(ptr, size);
+    return pl_mem_should_fail() ? NULL : realloc(ptr, size);
 }
 
 void pl_free(void *ptr)
@@ -41,31 +42,58 @@ void pl_mem_fail_after(unsigned long n, int sticky)
     fail_sticky = sticky;
 }
 
+/* Moves <b>'s bytes to a block of at least <want> bytes: a size class up
+ * to PL_POOL_CLASS_MAX, the system allocator past it. */
+static int buf_grow(pl_buf *b, size_t want)
+{
+    size_t cap;
+    char *p;
+
+    if (want > PL_POOL_CLASS_MAX && b->cap > PL_POOL_CLASS_MAX) {
+        p = pl_realloc(b->data, want);
+        cap = want;
+    } else {
+        p = pl_pool_alloc(want, &cap);
+        if (p != NULL && b->len > 0)
+            memcpy(p, b->data, b->len);
+        if (p != NULL)
+            pl_pool_free(b->data, b->cap);
+    }
+    if (p == NULL)
+        return -1;
+    b->data = p;
+    b->cap = (uint32_t)cap;
+    return 0;
+}
+
 int pl_buf_append(pl_buf *b, const void *data, size_t n)
 {
     if (n > UINT32_MAX - b->len)
         return -1;
     if (b->len + n > b->cap) {
-        size_t cap = b->cap ? b->cap : 512;
-        char *p;
+        size_t cap = b->cap ? b->cap : 256;
         while (cap < b->len + n)
             cap *= 2;
         if (cap > UINT32_MAX)
             cap = UINT32_MAX;
-        p = pl_realloc(b->data, cap);
-        if (p == NULL)
+        if (buf_grow(b, cap) != 0)
             return -1;
-        b->data = p;
-        b->cap = (uint32_t)cap;
     }
     memcpy(b->data + b->len, data, n);
     b->len += (uint32_t)n;
     return 0;
 }
 
+int pl_buf_reserve(pl_buf *b, size_t n)
+{
+    if (n > UINT32_MAX)
+        return -1;
+    return n <= b->cap ? 0 : buf_grow(b, n);
+}
+
 void pl_buf_free(pl_buf *b)
 {
-    pl_free(b->data);
+    pl_pool_free(b->data, b->cap);
     b->data = NULL;
     b->len = b->cap = 0;
 }

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "pilotlight/metrics.h"
+#include "pilotlight/pool.h"
 
 static const double dispatch_bounds[] = {
     0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001,
@@ -88,6 +89,42 @@ static void emit_histogram(out_t *o, const char *name, const char *help,
     }
     emit(o, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.9g\n%s_count %llu\n", name,
          (unsigned long long)h->count, name, h->sum, name, (unsigned long long)h->count);
+}
+
+static const struct {
+    const char *name, *type, *help;
+} pool_families[] = {
+    {"pilotlight_pool_reserved_bytes", "gauge", "Bytes a memory pool holds from the system."},
+    {"pilotlight_pool_objects_in_use", "gauge", "Objects handed out from a memory pool."},
+    {"pilotlight_pool_chunks_allocated_total", "counter",
+     "Chunks a memory pool took from the system."},
+    {"pilotlight_pool_chunks_returned_total", "counter",
+     "Chunks a memory pool gave back to the system."},
+};
+
+typedef struct {
+    out_t *o;
+    int family;
+} pool_out;
+
+static void emit_pool(const pl_pool *p, void *arg)
+{
+    pool_out *po = arg;
+    unsigned long long v[] = {pl_pool_reserved_bytes(p), p->in_use, p->chunks_allocated,
+                              p->chunks_returned};
+
+    emit(po->o, "%s{pool=\"%s\"} %llu\n", pool_families[po->family].name, p->name,
+         v[po->family]);
+}
+
+static void emit_pools(out_t *o)
+{
+    for (int f = 0; f < 4; f++) {
+        pool_out po = {o, f};
+        emit(o, "# HELP %s %s\n# TYPE %s %s\n", pool_families[f].name, pool_families[f].help,
+             pool_families[f].name, pool_families[f].type);
+        pl_pool_each(emit_pool, &po);
+    }
 }
 
 size_t pl_metrics_render(const pl_metrics *m, const pl_ledger *l, size_t keys,
@@ -175,5 +212,6 @@ size_t pl_metrics_render(const pl_metrics *m, const pl_ledger *l, size_t keys,
          (unsigned long long)m->ack_events_refused);
     emit_histogram(&o, "pilotlight_confirm_ack_seconds",
                    "Time from writing a payload to its ACK report.", &m->confirm_ack_seconds);
+    emit_pools(&o);
     return o.overflow ? 0 : o.len;
 }

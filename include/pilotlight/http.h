@@ -160,4 +160,11 @@ size_t pl_http_each_idle(pl_http *h, void (*fn)(pl_conn *c, void *arg), void *ar
 /* Bytes a connection costs the server while it waits (struct sizes). */
 size_t pl_conn_size(void);
 
+/* "A connection": takes one from the connection pool with its uv_tcp_t
+ * initialised on <h>'s loop and counted as open; the caller connects the
+ * handle (uv_accept, uv_tcp_open) and then starts reading. It goes back to
+ * the pool in its close callback, after pl_conn_close(). Returns NULL when
+ * out of memory. */
+pl_conn *pl_conn_get(pl_http *h);
+
 #endif
