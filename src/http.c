@@ -1,4 +1,6 @@
 /* http.c -- HTTP/1.1 connections: parse, limit, time out, answer in order. */
+#include <errno.h>
+#include <fcntl.h>
 #include <malloc.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -10,6 +12,7 @@
 #include <netinet/tcp.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include "pilotlight/http.h"
 #include "pilotlight/log.h"
@@ -21,6 +24,8 @@
 #define READ_BUFFER_SIZE 65536
 #define ARENA_KEEP_MAX 65536 /* a request arena larger than this is not kept */
 #define LINGER_MS 2000
+#define ACCEPT_BATCH 256    /* connections taken per wake-up, for fairness */
+#define ACCEPT_PAUSE_MS 100 /* out of descriptors with none to spare */
 
 /* The timer lists. Each has one timeout for all its members, so appending
  * keeps it sorted by deadline and expiry only looks at the head. A pending
@@ -49,7 +54,9 @@ struct pl_conn {
 
 struct pl_http {
     uv_loop_t *loop;
-    uv_tcp_t listener;
+    uv_poll_t listener;      /* accepts on listen_fd; polled while listening */
+    int listen_fd, spare_fd; /* spare_fd: given up to shed connections at EMFILE */
+    uv_timer_t accept_timer; /* resumes accepting after ACCEPT_PAUSE_MS */
     uv_timer_t timer;
     uv_idle_t resume;
     uint64_t timer_due; /* when the armed timer fires */
@@ -63,6 +70,7 @@ struct pl_http {
     uint64_t nconns;
     uint64_t peak; /* most connections since memory was last trimmed */
     uint64_t last_accept_error;
+    uint64_t refused[PL_HTTP_REFUSED__COUNT];
     int listening, draining;
     void (*drained)(void *arg);
     void *drained_arg;
@@ -604,24 +612,14 @@ size_t pl_conn_size(void)
     return sizeof(pl_conn);
 }
 
-static void on_connection(uv_stream_t *server, int status)
+/* Takes the accepted socket <fd> as a new connection. */
+static void conn_open(pl_http *h, int fd)
 {
-    pl_http *h = container_of(server, pl_http, listener);
-    pl_conn *c;
+    pl_conn *c = pl_malloc(sizeof(*c));
 
-    if (status < 0) {
-        /* Out of descriptors: libuv has already shed the pending
-         * connection, so this cannot spin. Say so once a second. */
-        uint64_t now = uv_now(h->loop);
-        if (now - h->last_accept_error >= 1000) {
-            h->last_accept_error = now;
-            PL_LOG(PL_LOG_WARN, "accept failed", "\"error\":\"%s\"", uv_strerror(status));
-        }
-        return;
-    }
-    c = pl_malloc(sizeof(*c));
     if (c == NULL) {
         PL_LOG(PL_LOG_ERROR, "out of memory accepting a connection", NULL);
+        close(fd);
         return;
     }
     memset(c, 0, sizeof(*c));
@@ -629,7 +627,8 @@ static void on_connection(uv_stream_t *server, int status)
     uv_tcp_init(h->loop, &c->tcp);
     if (++h->nconns > h->peak)
         h->peak = h->nconns;
-    if (uv_accept(server, (uv_stream_t *)&c->tcp) != 0) {
+    if (uv_tcp_open(&c->tcp, fd) != 0) {
+        close(fd);
         conn_close(c);
         return;
     }
@@ -637,10 +636,79 @@ static void on_connection(uv_stream_t *server, int status)
     pl_h1_init(&c->h1, &h->h1_limits, &h1_events, c);
     uv_tcp_nodelay(&c->tcp, 1);
     list_add(c, TL_REQUEST);
-    if (uv_read_start((uv_stream_t *)&c->tcp, alloc_cb, on_read) != 0)
+    if (uv_read_start((uv_stream_t *)&c->tcp, alloc_cb, on_read) != 0) {
         conn_close(c);
-    else if (h->nconns > h->limits.max_connections || h->draining)
+    } else if (h->draining) {
         respond_own(c, 503, "too many connections");
+    } else if (h->nconns > h->limits.max_connections) {
+        h->refused[PL_HTTP_REFUSED_MAX_CONNECTIONS]++;
+        respond_own(c, 503, "too many connections");
+    }
+}
+
+static void accept_cb(uv_poll_t *p, int status, int events);
+
+static void accept_resume(uv_timer_t *t)
+{
+    pl_http *h = container_of(t, pl_http, accept_timer);
+
+    if (h->listening)
+        uv_poll_start(&h->listener, UV_READABLE, accept_cb);
+}
+
+/* Out of descriptors with connections waiting. The spare descriptor is given
+ * up to accept each of them and close it at once: its client hears "no" now
+ * instead of hanging in the backlog, and the listener does not wake the loop
+ * again and again for connections it cannot take. With no spare to give
+ * (a system-wide shortage took it), accepting pauses briefly instead. */
+static void shed(pl_http *h, int err)
+{
+    uint64_t now = uv_now(h->loop), before = h->refused[PL_HTTP_REFUSED_FD_LIMIT];
+    int fd;
+
+    if (h->spare_fd >= 0) {
+        close(h->spare_fd);
+        while ((fd = accept4(h->listen_fd, NULL, NULL, SOCK_CLOEXEC)) >= 0 ||
+               errno == EINTR || errno == ECONNABORTED) {
+            if (fd >= 0) {
+                close(fd);
+                h->refused[PL_HTTP_REFUSED_FD_LIMIT]++;
+            }
+        }
+        err = errno;
+        h->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    }
+    if ((err != EAGAIN && err != EWOULDBLOCK) || h->spare_fd < 0) {
+        uv_poll_stop(&h->listener);
+        uv_timer_start(&h->accept_timer, accept_resume, ACCEPT_PAUSE_MS, 0);
+    }
+    if (now - h->last_accept_error >= 1000) {
+        h->last_accept_error = now;
+        PL_LOG(PL_LOG_WARN, "out of file descriptors: connections refused",
+               "\"refused\":%llu,\"error\":\"%s\"",
+               (unsigned long long)(h->refused[PL_HTTP_REFUSED_FD_LIMIT] - before),
+               strerror(err));
+    }
+}
+
+static void accept_cb(uv_poll_t *p, int status, int events)
+{
+    pl_http *h = container_of(p, pl_http, listener);
+
+    (void)events;
+    if (status < 0)
+        return;
+    for (int i = 0; i < ACCEPT_BATCH && h->listening; i++) {
+        int fd = accept4(h->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd >= 0) {
+            conn_open(h, fd);
+        } else if (errno == EMFILE || errno == ENFILE) {
+            shed(h, errno);
+            return;
+        } else if (errno != EINTR && errno != ECONNABORTED && errno != EPROTO) {
+            return; /* EAGAIN: none left */
+        }
+    }
 }
 
 /* ---- the server ---- */
@@ -665,29 +733,59 @@ pl_http *pl_http_new(uv_loop_t *loop, const pl_http_limits *limits,
     h->h1_limits.max_body_bytes = limits->max_body_bytes;
     /* Room for two answers carrying a largest payload each. */
     h->max_queued = 2 * (size_t)limits->max_body_bytes + 65536;
+    h->listen_fd = h->spare_fd = -1;
     uv_timer_init(loop, &h->timer);
+    uv_timer_init(loop, &h->accept_timer);
     uv_idle_init(loop, &h->resume);
-    uv_tcp_init(loop, &h->listener);
     return h;
 }
 
+/* Opens a listening socket on <sa>. Returns it, or a negative errno. */
+static int listen_socket(const struct sockaddr *sa, socklen_t len)
+{
+    int fd = socket(sa->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0), on = 1;
+
+    if (fd < 0)
+        return -errno;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
+    if (bind(fd, sa, len) != 0 || listen(fd, 4096) != 0) {
+        int err = -errno;
+        close(fd);
+        return err;
+    }
+    return fd;
+}
+
+/* Accepting is done here rather than by uv_listen(): at EMFILE libuv sheds
+ * the waiting connections without telling its caller, and they are counted
+ * here. Errors are negative errnos, as libuv's are on Unix. */
 int pl_http_listen(pl_http *h, const char *host, uint16_t port,
                    uint16_t *bound_port)
 {
     struct sockaddr_storage ss;
-    int len = sizeof(ss), rc;
+    socklen_t len = sizeof(ss);
+    int rc, fd;
 
     if (uv_ip4_addr(host, port, (struct sockaddr_in *)&ss) != 0 &&
         (rc = uv_ip6_addr(host, port, (struct sockaddr_in6 *)&ss)) != 0)
         return rc;
-    rc = uv_tcp_bind(&h->listener, (const struct sockaddr *)&ss, 0);
-    if (rc == 0)
-        rc = uv_listen((uv_stream_t *)&h->listener, 4096, on_connection);
-    if (rc == 0)
-        rc = uv_tcp_getsockname(&h->listener, (struct sockaddr *)&ss, &len);
-    if (rc != 0)
+    fd = listen_socket((const struct sockaddr *)&ss, ss.ss_family == AF_INET
+                                                       ? sizeof(struct sockaddr_in)
+                                                       : sizeof(struct sockaddr_in6));
+    if (fd < 0)
+        return fd;
+    if (getsockname(fd, (struct sockaddr *)&ss, &len) != 0)
+        rc = -errno;
+    else
+        rc = uv_poll_init_socket(h->loop, &h->listener, fd);
+    if (rc != 0) {
+        close(fd);
         return rc;
+    }
+    h->listen_fd = fd;
+    h->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     h->listening = 1;
+    uv_poll_start(&h->listener, UV_READABLE, accept_cb);
     *bound_port = ntohs(ss.ss_family == AF_INET
                             ? ((struct sockaddr_in *)&ss)->sin_port
                             : ((struct sockaddr_in6 *)&ss)->sin6_port);
@@ -697,8 +795,14 @@ int pl_http_listen(pl_http *h, const char *host, uint16_t port,
 static void close_listener(pl_http *h)
 {
     h->listening = 0;
-    if (!uv_is_closing((uv_handle_t *)&h->listener))
-        uv_close((uv_handle_t *)&h->listener, NULL);
+    if (h->listen_fd < 0)
+        return;
+    uv_close((uv_handle_t *)&h->listener, NULL);
+    close(h->listen_fd); /* safe at once: uv_close stopped polling it */
+    h->listen_fd = -1;
+    if (h->spare_fd >= 0)
+        close(h->spare_fd);
+    h->spare_fd = -1;
 }
 
 void pl_http_drain(pl_http *h, void (*done)(void *arg), void *arg)
@@ -737,12 +841,15 @@ void pl_http_close_all(pl_http *h)
 void pl_http_stop(pl_http *h)
 {
     close_listener(h);
+    uv_close((uv_handle_t *)&h->accept_timer, NULL);
     uv_close((uv_handle_t *)&h->timer, NULL);
     uv_close((uv_handle_t *)&h->resume, NULL);
 }
 
 void pl_http_free(pl_http *h)
 {
+    if (h != NULL)
+        close_listener(h); /* a failed start closed its handle, not its socket */
     pl_free(h); /* NULL is fine */
 }
 
@@ -754,4 +861,9 @@ int pl_http_listening(const pl_http *h)
 uint64_t pl_http_connections(const pl_http *h)
 {
     return h->nconns;
+}
+
+uint64_t pl_http_refused(const pl_http *h, unsigned reason)
+{
+    return reason < PL_HTTP_REFUSED__COUNT ? h->refused[reason] : 0;
 }

@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "pilotlight/engine.h"
+#include "pilotlight/proc.h"
 
 typedef enum {
     PL_ROUTE_OTHER = 0,
@@ -44,6 +45,11 @@ typedef struct {
     uint64_t connections_open;
     pl_histogram dispatch_seconds; /* dispatch request handling time */
     pl_histogram wait_seconds;     /* how long matched waiters were parked */
+    pl_histogram loop_lag;         /* event-loop lag (lag.h) */
+    uint64_t refused[2];           /* connections refused: over max_connections,
+                                    * out of descriptors (pl_http_refused) */
+    pl_proc_stats proc;            /* read at scrape time; */
+    int proc_ok;                   /* 0 when /proc could not be read */
 } pl_metrics;
 
 void pl_metrics_init(pl_metrics *m);
