@@ -161,6 +161,8 @@ pl_broker *pl_broker_new(uv_loop_t *loop, const pl_config *cfg)
     b->loop = loop;
     b->cfg = cfg;
     pl_metrics_init(&b->metrics);
+    b->metrics.max_waiters = cfg->max_waiters;
+    b->metrics.max_connections = cfg->max_connections;
     b->connect_len = (size_t)snprintf(b->connect_body, sizeof(b->connect_body),
                                       "{\"connectionTimeoutMs\":%llu,\"keepaliveMs\":%llu}",
                                       (unsigned long long)cfg->connection_timeout_ms,

@@ -161,6 +161,11 @@ size_t pl_metrics_render(const pl_metrics *m, const pl_ledger *l, size_t keys,
     emit(&o, "# HELP pilotlight_build_info The running version.\n"
              "# TYPE pilotlight_build_info gauge\n"
              "pilotlight_build_info{version=\"%s\"} 1\n", PL_VERSION);
+    emit(&o, "# HELP pilotlight_max_waiters The max_waiters setting: polls parked at once.\n"
+             "# TYPE pilotlight_max_waiters gauge\npilotlight_max_waiters %llu\n"
+             "# HELP pilotlight_max_connections The max_connections setting, per listener.\n"
+             "# TYPE pilotlight_max_connections gauge\npilotlight_max_connections %llu\n",
+         (unsigned long long)m->max_waiters, (unsigned long long)m->max_connections);
     if (m->proc_ok)
         emit_process(&o, &m->proc);
     return o.overflow ? 0 : o.len;

@@ -50,6 +50,8 @@ typedef struct {
                                     * out of descriptors (pl_http_refused) */
     pl_proc_stats proc;            /* read at scrape time; */
     int proc_ok;                   /* 0 when /proc could not be read */
+    uint64_t max_waiters;          /* the configured caps, for alerts on */
+    uint64_t max_connections;      /* how near they are */
 } pl_metrics;
 
 void pl_metrics_init(pl_metrics *m);

@@ -40,11 +40,9 @@ def proc_started_at(pid):
     return btime + start_ticks / os.sysconf("SC_CLK_TCK")
 
 
-def wait_for(pred, timeout=IO_TIMEOUT, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
+def under_valgrind(pid):
+    with open(f"/proc/{pid}/maps") as f:
+        return "vgpreload" in f.read()
 
 
 def test_process_metrics_agree_with_proc(server):
@@ -224,7 +222,12 @@ def check_fd_limit(s, limit):
     for k in socks + more:
         k.close()
     m, extra = scrape_retrying(s.port)
-    assert refused(m, "fd_limit") == seen.count("closed"), seen
+    if under_valgrind(s.proc.pid):
+        # valgrind itself closes a connection whose descriptor lands in its
+        # reserved range and reports EMFILE: that one is never seen here.
+        assert 1 <= refused(m, "fd_limit") <= seen.count("closed"), seen
+    else:
+        assert refused(m, "fd_limit") == seen.count("closed"), seen
     assert refused(m, "max_connections") == seen.count("503") + extra, seen
     assert m.get("process_open_fds") < limit
     assert s.get("/healthz").status == 200
