@@ -48,7 +48,7 @@ typedef struct {
     pl_histogram loop_lag;         /* event-loop lag (lag.h) */
     uint64_t refused[2];           /* connections refused: over max_connections,
                                     * out of descriptors (pl_http_refused) */
-    pl_proc_stats proc;            /* read at scrape time; */
+    pl_proc_stats proc;            /* read at scrape time */
     int proc_ok;                   /* 0 when /proc could not be read */
     uint64_t max_waiters;          /* the configured caps, for alerts on */
     uint64_t max_connections;      /* how near they are */
