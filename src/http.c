@@ -25,7 +25,7 @@
 #define ARENA_KEEP_MAX 65536 /* a request arena larger than this is not kept */
 #define LINGER_MS 2000
 #define ACCEPT_BATCH 256    /* connections taken per wake-up, for fairness */
-#define ACCEPT_PAUSE_MS 100 /* out of descriptors with none to spare */
+#define ACCEPT_PAUSE_MS 100 /* after an accept error that would persist */
 
 /* The timer lists. Each has one timeout for all its members, so appending
  * keeps it sorted by deadline and expiry only looks at the head. A pending
@@ -656,38 +656,46 @@ static void accept_resume(uv_timer_t *t)
         uv_poll_start(&h->listener, UV_READABLE, accept_cb);
 }
 
+/* The listener stays readable while the cause lasts: wait instead of
+ * waking up for it again and again. */
+static void accept_pause(pl_http *h)
+{
+    uv_poll_stop(&h->listener);
+    uv_timer_start(&h->accept_timer, accept_resume, ACCEPT_PAUSE_MS, 0);
+}
+
 /* Out of descriptors with connections waiting. The spare descriptor is given
  * up to accept each of them and close it at once: its client hears "no" now
  * instead of hanging in the backlog, and the listener does not wake the loop
  * again and again for connections it cannot take. With no spare to give
  * (a system-wide shortage took it), accepting pauses briefly instead. */
-static void shed(pl_http *h, int err)
+static void shed(pl_http *h, int cause)
 {
     uint64_t now = uv_now(h->loop), before = h->refused[PL_HTTP_REFUSED_FD_LIMIT];
-    int fd;
+    int fd, err = cause, n = 0;
 
     if (h->spare_fd >= 0) {
         close(h->spare_fd);
-        while ((fd = accept4(h->listen_fd, NULL, NULL, SOCK_CLOEXEC)) >= 0 ||
-               errno == EINTR || errno == ECONNABORTED) {
+        /* Bounded like accepting: what is left wakes the loop again. */
+        while (n++ < ACCEPT_BATCH &&
+               ((fd = accept4(h->listen_fd, NULL, NULL, SOCK_CLOEXEC)) >= 0 ||
+                errno == EINTR || errno == ECONNABORTED)) {
             if (fd >= 0) {
                 close(fd);
                 h->refused[PL_HTTP_REFUSED_FD_LIMIT]++;
             }
         }
-        err = errno;
+        err = n > ACCEPT_BATCH ? EAGAIN : errno;
         h->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     }
-    if ((err != EAGAIN && err != EWOULDBLOCK) || h->spare_fd < 0) {
-        uv_poll_stop(&h->listener);
-        uv_timer_start(&h->accept_timer, accept_resume, ACCEPT_PAUSE_MS, 0);
-    }
+    if ((err != EAGAIN && err != EWOULDBLOCK) || h->spare_fd < 0)
+        accept_pause(h);
     if (now - h->last_accept_error >= 1000) {
         h->last_accept_error = now;
         PL_LOG(PL_LOG_WARN, "out of file descriptors: connections refused",
                "\"refused\":%llu,\"error\":\"%s\"",
                (unsigned long long)(h->refused[PL_HTTP_REFUSED_FD_LIMIT] - before),
-               strerror(err));
+               strerror(cause));
     }
 }
 
@@ -705,8 +713,12 @@ static void accept_cb(uv_poll_t *p, int status, int events)
         } else if (errno == EMFILE || errno == ENFILE) {
             shed(h, errno);
             return;
+        } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            return; /* none left */
         } else if (errno != EINTR && errno != ECONNABORTED && errno != EPROTO) {
-            return; /* EAGAIN: none left */
+            PL_LOG(PL_LOG_WARN, "accept failed", "\"error\":\"%s\"", strerror(errno));
+            accept_pause(h); /* ENOMEM, ENOBUFS: a while may help */
+            return;
         }
     }
 }
