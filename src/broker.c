@@ -628,7 +628,6 @@ void pl_broker_stop(pl_broker *b)
     uv_close((uv_handle_t *)&b->timer, NULL);
     uv_close((uv_handle_t *)&b->confirm_timer, NULL);
     pl_lag_stop(b->lag);
-    b->lag = NULL;
 }
 
 void pl_broker_free(pl_broker *b)
@@ -637,5 +636,6 @@ void pl_broker_free(pl_broker *b)
         return;
     pl_engine_free(b->engine);
     pl_token_verifier_free(b->verifier);
+    pl_lag_free(b->lag);
     pl_free(b);
 }

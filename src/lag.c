@@ -70,15 +70,18 @@ pl_lag *pl_lag_start(uv_loop_t *loop, pl_histogram *h, unsigned period_ms)
     return l;
 }
 
-static void on_closed(uv_handle_t *handle)
-{
-    pl_free((pl_lag *)(void *)handle); /* poll is its first member */
-}
-
 void pl_lag_stop(pl_lag *l)
 {
-    if (l == NULL)
+    if (l == NULL || l->fd < 0)
         return;
-    uv_close((uv_handle_t *)&l->poll, on_closed);
+    if (!uv_is_closing((uv_handle_t *)&l->poll))
+        uv_close((uv_handle_t *)&l->poll, NULL);
     close(l->fd); /* safe at once: uv_close stopped polling it */
+    l->fd = -1;
+}
+
+void pl_lag_free(pl_lag *l)
+{
+    pl_lag_stop(l); /* a failed start closed its handle, not its timer */
+    pl_free(l);
 }

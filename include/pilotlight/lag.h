@@ -19,8 +19,9 @@ typedef struct pl_lag pl_lag;
  * when the timer or memory could not be had (then nothing is observed). */
 pl_lag *pl_lag_start(uv_loop_t *loop, pl_histogram *h, unsigned period_ms);
 
-/* Stops and frees <l> once the loop has run its close callback. NULL is
- * fine. */
+/* Stops observing and closes the handle; run the loop once more before
+ * pl_lag_free(). NULL is fine for both. */
 void pl_lag_stop(pl_lag *l);
+void pl_lag_free(pl_lag *l);
 
 #endif
