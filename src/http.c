@@ -809,7 +809,8 @@ static void close_listener(pl_http *h)
     h->listening = 0;
     if (h->listen_fd < 0)
         return;
-    uv_close((uv_handle_t *)&h->listener, NULL);
+    if (!uv_is_closing((uv_handle_t *)&h->listener))
+        uv_close((uv_handle_t *)&h->listener, NULL);
     close(h->listen_fd); /* safe at once: uv_close stopped polling it */
     h->listen_fd = -1;
     if (h->spare_fd >= 0)

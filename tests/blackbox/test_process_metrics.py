@@ -233,3 +233,17 @@ def check_fd_limit(s, limit):
     assert s.get("/healthz").status == 200
     assert any(r.get("msg") == "out of file descriptors: connections refused"
                for r in s.log_lines())
+
+
+def test_a_start_that_cannot_listen_exits_cleanly():
+    """The listener and the lag timer are released on a failed start too,
+    whichever listener fails (a leak or a double close would show here as
+    a sanitizer report, valgrind's exit code 99, or an abort)."""
+    with socket.socket() as busy:
+        busy.bind((HOST, 0))
+        busy.listen()
+        taken = f"{HOST}:{busy.getsockname()[1]}"
+        for args in (["--listen", taken],
+                     ["--listen", f"{HOST}:0", "--dispatch-listen", taken]):
+            rc, _, err = run_binary(*args, timeout=30)
+            assert rc == 1 and "address already in use" in err, (args, rc, err[-2000:])
