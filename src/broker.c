@@ -110,6 +110,9 @@ static int on_settle(void *owner, pl_outcome outcome, const void *arg)
     case PL_OUTCOME_SHUTDOWN:
         pl_conn_close(c); /* no answer: the controller re-polls elsewhere */
         break;
+    case PL_OUTCOME_HANDED_OVER:
+        pl_conn_close(c); /* our descriptor only: the new process holds another */
+        break;
     case PL_OUTCOME_DISCONNECT:
     case PL_OUTCOME__COUNT:
         break;
@@ -135,7 +138,7 @@ static void timer_cb(uv_timer_t *t)
     timer_arm(b);
 }
 
-pl_broker *pl_broker_new(uv_loop_t *loop, const pl_config *cfg)
+static pl_engine_opts engine_opts(const pl_config *cfg)
 {
     pl_engine_opts opts = {
         .order = (pl_order)cfg->match_order,
@@ -144,16 +147,45 @@ pl_broker *pl_broker_new(uv_loop_t *loop, const pl_config *cfg)
         .park_timeout_ms = cfg->park_timeout_ms,
         .settle = on_settle,
     };
+    return opts;
+}
+
+/* Sets *out to a verifier for <cfg>'s secrets, or NULL when tokens are
+ * disabled. Returns 0, or -1 when out of memory. */
+static int make_verifier(const pl_config *cfg, pl_token_verifier **out)
+{
+    const char *cur = cfg->token_secret, *prev = cfg->token_secret_previous;
+
+    *out = NULL;
+    if (cfg->token_mode == PL_TOKEN_MODE_DISABLED)
+        return 0;
+    *out = pl_token_verifier_new((const unsigned char *)cur, strlen(cur));
+    if (*out != NULL && *prev != '\0' &&
+        pl_token_verifier_set_previous(*out, (const unsigned char *)prev, strlen(prev)) != 0) {
+        pl_token_verifier_free(*out);
+        *out = NULL;
+    }
+    return *out != NULL ? 0 : -1;
+}
+
+static void set_connect_body(pl_broker *b, const pl_config *cfg)
+{
+    b->connect_len = (size_t)snprintf(b->connect_body, sizeof(b->connect_body),
+                                      "{\"connectionTimeoutMs\":%llu,\"keepaliveMs\":%llu}",
+                                      (unsigned long long)cfg->connection_timeout_ms,
+                                      (unsigned long long)cfg->keepalive_ms);
+}
+
+pl_broker *pl_broker_new(uv_loop_t *loop, const pl_config *cfg)
+{
+    pl_engine_opts opts = engine_opts(cfg);
     pl_broker *b = pl_malloc(sizeof(*b));
 
     if (b == NULL)
         return NULL;
     memset(b, 0, offsetof(pl_broker, metrics_buf));
     b->engine = pl_engine_new(&opts);
-    if (cfg->token_mode != PL_TOKEN_MODE_DISABLED)
-        b->verifier = pl_token_verifier_new((const unsigned char *)cfg->token_secret,
-                                            strlen(cfg->token_secret));
-    if (b->engine == NULL || (cfg->token_mode != PL_TOKEN_MODE_DISABLED && b->verifier == NULL)) {
+    if (b->engine == NULL || make_verifier(cfg, &b->verifier) != 0) {
         pl_engine_free(b->engine);
         pl_free(b);
         return NULL;
@@ -161,17 +193,37 @@ pl_broker *pl_broker_new(uv_loop_t *loop, const pl_config *cfg)
     b->loop = loop;
     b->cfg = cfg;
     pl_metrics_init(&b->metrics);
-    b->metrics.max_waiters = cfg->max_waiters;
-    b->metrics.max_connections = cfg->max_connections;
-    b->connect_len = (size_t)snprintf(b->connect_body, sizeof(b->connect_body),
-                                      "{\"connectionTimeoutMs\":%llu,\"keepaliveMs\":%llu}",
-                                      (unsigned long long)cfg->connection_timeout_ms,
-                                      (unsigned long long)cfg->keepalive_ms);
+    set_connect_body(b, cfg);
     uv_timer_init(loop, &b->timer);
     uv_timer_init(loop, &b->confirm_timer);
     b->confirm_timer.data = b;
     b->lag = pl_lag_start(loop, &b->metrics.loop_lag, LAG_PERIOD_MS);
     return b;
+}
+
+int pl_broker_reconfigure(pl_broker *b, const pl_config *next)
+{
+    pl_engine_opts opts = engine_opts(next);
+    pl_token_verifier *v;
+
+    if (make_verifier(next, &v) != 0) {
+        b->metrics.reloads[1]++;
+        return -1;
+    }
+    /* A fresh verifier also forgets tokens cached under a dropped secret. */
+    pl_token_verifier_free(b->verifier);
+    b->verifier = v;
+    pl_engine_set_opts(b->engine, &opts);
+    set_connect_body(b, next);
+    uv_timer_stop(&b->timer);
+    timer_arm(b);
+    b->metrics.reloads[0]++;
+    return 0;
+}
+
+void pl_broker_count_reload_error(pl_broker *b)
+{
+    b->metrics.reloads[1]++;
 }
 
 void *pl_broker_side(pl_broker *b, unsigned serves)
@@ -211,6 +263,8 @@ static void handle_park(pl_broker *b, pl_conn *c, const pl_request *req)
                      wall_seconds(), &key, &claims, &token, &err, msg, sizeof(msg));
     if (token >= 0)
         b->metrics.token[token]++;
+    if (token == PL_TOKEN_VALID)
+        b->metrics.token_secret[claims.previous != 0]++;
     if (rc != 0) {
         reply_error(c, rc, err);
         return;
@@ -424,6 +478,9 @@ static void handle_metrics(pl_broker *b, pl_conn *c, const pl_request *req)
     size_t len;
 
     (void)req;
+    b->metrics.max_waiters = b->cfg->max_waiters;
+    b->metrics.max_waiters_per_key = b->cfg->max_waiters_per_key;
+    b->metrics.max_connections = b->cfg->max_connections;
     b->metrics.connections_open = 0;
     memset(b->metrics.refused, 0, sizeof(b->metrics.refused));
     for (int i = 0; i < 2; i++) {
@@ -609,6 +666,78 @@ void pl_broker_on_response(void *app, unsigned tag, int status)
 
     if (tag < PL_ROUTE__COUNT)
         pl_metrics_count_http(&b->metrics, (pl_route)tag, status);
+}
+
+/* ---- a binary upgrade ---- */
+
+typedef struct {
+    void (*fn)(pl_conn *c, const pl_waiter_info *info, void *arg);
+    void *arg;
+} each_parked;
+
+static void parked_one(const pl_waiter_info *info, void *arg)
+{
+    each_parked *ep = arg;
+
+    ep->fn(info->owner, info, ep->arg);
+}
+
+void pl_broker_each_parked(pl_broker *b,
+                           void (*fn)(pl_conn *c, const pl_waiter_info *info, void *arg),
+                           void *arg)
+{
+    each_parked ep = {fn, arg};
+
+    pl_engine_each_waiter(b->engine, parked_one, &ep);
+}
+
+const pl_config *pl_broker_config(const pl_broker *b)
+{
+    return b->cfg;
+}
+
+unsigned pl_broker_conn_serves(const pl_conn *c)
+{
+    return ((const side *)pl_conn_app(c))->serves;
+}
+
+void pl_broker_hand_over(pl_broker *b, pl_waiter *w)
+{
+    pl_engine_settle(b->engine, w, PL_OUTCOME_HANDED_OVER);
+}
+
+int pl_broker_adopt(pl_broker *b, pl_conn *c, const pl_key *key, const char *id,
+                    size_t id_len, uint64_t age_ms)
+{
+    uint64_t now = uv_now(b->loop);
+    pl_waiter *w;
+    int rc = pl_engine_adopt(b->engine, key, id, id_len, c,
+                             now > age_ms ? now - age_ms : 0, &w);
+
+    if (rc != 0)
+        return rc;
+    pl_conn_set_data(c, w, DATA_WAITER);
+    pl_conn_set_tag(c, PL_ROUTE_PARK);
+    if (!uv_is_active((uv_handle_t *)&b->timer))
+        timer_arm(b);
+    return 0;
+}
+
+void pl_broker_log_ledger(const pl_broker *b)
+{
+    const pl_ledger *l = pl_engine_ledger(b->engine);
+    char settled[PL_OUTCOME__COUNT * 40], *p = settled;
+
+    if (PL_LOG_INFO > pl_log_threshold)
+        return;
+    for (int i = 0; i < PL_OUTCOME__COUNT; i++)
+        p += snprintf(p, sizeof(settled) - (size_t)(p - settled), "%s\"%s\":%llu",
+                      i ? "," : "", pl_outcome_name((pl_outcome)i),
+                      (unsigned long long)l->settled[i]);
+    PL_LOG(PL_LOG_INFO, "ledger",
+           "\"parked_total\":%llu,\"adopted\":%llu,\"parked_now\":%llu,\"settled\":{%s}",
+           (unsigned long long)l->parked_total, (unsigned long long)l->adopted,
+           (unsigned long long)l->parked_now, settled);
 }
 
 void pl_broker_set_draining(pl_broker *b)

@@ -51,6 +51,11 @@ static const setting settings[] = {
            "the tokens' HMAC secret (prefer the environment or token_secret_file)"),
     STRING(token_secret_file, T_STRING, "",
            "file holding the tokens' secret (one trailing newline ignored)"),
+    STRING(token_secret_previous, T_SECRET, "",
+           "during a rotation, the secret being retired: tokens signed with it "
+           "still verify (empty = none)"),
+    STRING(token_secret_previous_file, T_STRING, "",
+           "file holding token_secret_previous (one trailing newline ignored)"),
     U64(connection_timeout_ms, 1, DAY_MS, "30000",
         "connectionTimeoutMs served by /connect: how long a controller holds a poll"),
     U64(keepalive_ms, 1, 30 * DAY_MS, "300000",
@@ -90,6 +95,9 @@ static const setting settings[] = {
     U64(drain_delay_ms, 0, DAY_MS, "0",
         "on SIGTERM, how long /readyz answers 503 before the listener closes"),
     CHOICE(log_level, level_names, "info", "error, warn, info or debug"),
+    STRING(upgrade_binary, T_STRING, "",
+           "SIGUSR2 starts this program to take over the sockets (empty = this "
+           "binary's own path, as resolved at start)"),
 };
 
 #define NSETTINGS (sizeof(settings) / sizeof(settings[0]))
@@ -327,15 +335,17 @@ static int load_flags(pl_config *cfg, int argc, char **argv,
     return 0;
 }
 
-/* Reads token_secret_file into token_secret, without one trailing newline. */
-static int read_secret(pl_config *cfg, char *err, size_t errlen)
+/* Reads the file <path> (the setting <name>) into <secret>, without one
+ * trailing newline. */
+static int read_secret(const char *name, const char *path, char *secret,
+                       char *err, size_t errlen)
 {
     char buf[PL_CONFIG_STRING_MAX + 2]; /* the longest secret, CR and LF */
-    FILE *f = fopen(cfg->token_secret_file, "r");
+    FILE *f = fopen(path, "r");
     size_t n;
 
     if (f == NULL) {
-        snprintf(err, errlen, "token_secret_file %s: %s", cfg->token_secret_file, strerror(errno));
+        snprintf(err, errlen, "%s %s: %s", name, path, strerror(errno));
         return -1;
     }
     n = fread(buf, 1, sizeof(buf), f);
@@ -345,12 +355,12 @@ static int read_secret(pl_config *cfg, char *err, size_t errlen)
     if (n > 0 && buf[n - 1] == '\r')
         n--;
     if (n >= PL_CONFIG_STRING_MAX) {
-        snprintf(err, errlen, "token_secret_file %s: longer than %d bytes",
-                 cfg->token_secret_file, PL_CONFIG_STRING_MAX - 1);
+        snprintf(err, errlen, "%s %s: longer than %d bytes", name, path,
+                 PL_CONFIG_STRING_MAX - 1);
         return -1;
     }
-    memcpy(cfg->token_secret, buf, n);
-    cfg->token_secret[n] = '\0';
+    memcpy(secret, buf, n);
+    secret[n] = '\0';
     return 0;
 }
 
@@ -378,7 +388,13 @@ int pl_config_load(pl_config *cfg, int argc, char **argv, char **envp,
     }
     if (load_flags(cfg, argc, argv, action, err, errlen) != 0)
         return -1;
-    if (cfg->token_secret_file[0] != '\0' && read_secret(cfg, err, errlen) != 0)
+    if (cfg->token_secret_file[0] != '\0' &&
+        read_secret("token_secret_file", cfg->token_secret_file, cfg->token_secret,
+                    err, errlen) != 0)
+        return -1;
+    if (cfg->token_secret_previous_file[0] != '\0' &&
+        read_secret("token_secret_previous_file", cfg->token_secret_previous_file,
+                    cfg->token_secret_previous, err, errlen) != 0)
         return -1;
     if (cfg->token_mode != PL_TOKEN_MODE_DISABLED && cfg->token_secret[0] == '\0') {
         snprintf(err, errlen, "token_mode: %s needs token_secret or token_secret_file",
@@ -450,4 +466,36 @@ void pl_config_usage(FILE *out)
         fprintf(out, "  --%-22s PILOTLIGHT_%-22s %s\n      %s\n", flag, env,
                 settings[i].def, settings[i].help);
     }
+}
+
+void pl_config_diff(const pl_config *old, const pl_config *cfg,
+                    void (*fn)(const char *name, const char *value, void *arg), void *arg)
+{
+    for (size_t i = 0; i < NSETTINGS; i++) {
+        const setting *s = &settings[i];
+        size_t size = s->type == T_U64 ? sizeof(uint64_t)
+                      : s->type == T_CHOICE ? sizeof(int)
+                      : s->type == T_LISTEN ? sizeof(pl_listen_addr) : PL_CONFIG_STRING_MAX;
+        char value[PL_CONFIG_STRING_MAX + 8];
+        FILE *f;
+
+        if (memcmp((const char *)old + s->offset, (const char *)cfg + s->offset, size) == 0)
+            continue;
+        f = fmemopen(value, sizeof(value), "w");
+        if (f == NULL)
+            continue;
+        print_value(cfg, s, f);
+        fputc('\0', f);
+        fclose(f);
+        fn(s->name, value, arg);
+    }
+}
+
+uint64_t pl_config_fit_nofile(pl_config *cfg, uint64_t nofile)
+{
+    const uint64_t reserve = 64;
+
+    if (cfg->max_connections + reserve > nofile)
+        cfg->max_connections = nofile > 2 * reserve ? nofile - reserve : nofile / 2;
+    return cfg->max_connections;
 }

@@ -100,6 +100,7 @@ const char *pl_outcome_name(pl_outcome o)
 {
     static const char *const names[PL_OUTCOME__COUNT] = {
         "matched", "timeout", "disconnect", "replaced", "shutdown", "rejected",
+        "handed_over",
     };
     return (unsigned)o < PL_OUTCOME__COUNT ? names[o] : "unknown";
 }
@@ -212,7 +213,7 @@ static int ledger_balanced(const pl_ledger *l)
 
     for (int i = 0; i < PL_OUTCOME__COUNT; i++)
         sum += l->settled[i];
-    return sum == l->parked_total;
+    return sum == l->parked_total + l->adopted;
 }
 
 /* The one exit of a waiter. <w> may be parked (linked) or not yet linked
@@ -289,6 +290,21 @@ static int index_waiter(pl_engine *e, pl_waiter *w, pl_entry *ent,
     return 0;
 }
 
+/* A waiter not yet in any list, or NULL when out of memory. */
+static pl_waiter *new_waiter(const char *id, size_t id_len, void *owner, uint64_t parked_at)
+{
+    pl_waiter *w = pl_malloc(pl_engine_waiter_size(id_len));
+
+    if (w == NULL)
+        return NULL;
+    memset(w, 0, sizeof(*w));
+    memcpy(w->id, id, id_len);
+    w->id[id_len] = '\0';
+    w->owner = owner;
+    w->parked_at = parked_at;
+    return w;
+}
+
 int pl_engine_park(pl_engine *e, const pl_key *key, const char *id,
                    size_t id_len, void *owner, uint64_t now, pl_waiter **out)
 {
@@ -301,14 +317,9 @@ int pl_engine_park(pl_engine *e, const pl_key *key, const char *id,
     *out = NULL;
     if (len == 0)
         return PL_EINVAL;
-    w = pl_malloc(pl_engine_waiter_size(id_len));
+    w = new_waiter(id, id_len, owner, now);
     if (w == NULL)
         return PL_ENOMEM;
-    memset(w, 0, sizeof(*w));
-    memcpy(w->id, id, id_len);
-    w->id[id_len] = '\0';
-    w->owner = owner;
-    w->parked_at = now;
 
     HASH_FIND(hh, e->by_id, id, id_len, old);
     ent = lookup(e, buf, len);
@@ -383,4 +394,56 @@ void pl_engine_drain(pl_engine *e)
 {
     while (e->oldest != NULL)
         settle(e, e->oldest, PL_OUTCOME_SHUTDOWN, NULL, 1);
+}
+
+void pl_engine_set_opts(pl_engine *e, const pl_engine_opts *opts)
+{
+    e->opts = *opts;
+}
+
+int pl_engine_adopt(pl_engine *e, const pl_key *key, const char *id, size_t id_len,
+                    void *owner, uint64_t parked_at, pl_waiter **out)
+{
+    unsigned char buf[PL_KEY_ENCODED_MAX];
+    size_t len = pl_key_encode(key, buf);
+    pl_waiter *w, *old = NULL;
+
+    *out = NULL;
+    if (len == 0)
+        return PL_EINVAL;
+    HASH_FIND(hh, e->by_id, id, id_len, old);
+    if (old != NULL)
+        return PL_EEXIST;
+    /* The time list stays sorted whatever order waiters arrive in. */
+    if (e->newest && e->newest->parked_at > parked_at)
+        parked_at = e->newest->parked_at;
+    w = new_waiter(id, id_len, owner, parked_at);
+    if (w == NULL)
+        return PL_ENOMEM;
+    if (index_waiter(e, w, lookup(e, buf, len), buf, len, id_len) != 0) {
+        pl_free(w);
+        return PL_ENOMEM;
+    }
+    e->ledger.adopted++;
+    link_waiter(e, w);
+    *out = w;
+    return 0;
+}
+
+size_t pl_engine_each_waiter(const pl_engine *e,
+                             void (*fn)(const pl_waiter_info *info, void *arg), void *arg)
+{
+    size_t n = 0;
+
+    for (const pl_waiter *w = e->oldest; w != NULL; w = w->tnext, n++) {
+        pl_waiter_info info;
+        pl_key_decode(w->entry->keybytes, w->entry->keylen, &info.key);
+        info.id = w->id;
+        info.id_len = strlen(w->id);
+        info.parked_at = w->parked_at;
+        info.owner = w->owner;
+        info.w = (pl_waiter *)w;
+        fn(&info, arg);
+    }
+    return n;
 }

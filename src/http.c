@@ -87,6 +87,7 @@ static void conn_process_buffered(pl_conn *c);
 static void timer_arm(pl_http *h, uint64_t due);
 static void resume_cb(uv_idle_t *idle);
 static void respond_own(pl_conn *c, int status, const char *msg);
+static int start_listening(pl_http *h, int fd, uint16_t *bound_port);
 
 /* ---- timer lists ---- */
 
@@ -612,32 +613,53 @@ size_t pl_conn_size(void)
     return sizeof(pl_conn);
 }
 
+/* A new connection of <h>, its handle initialised but not yet open; the
+ * accept and adoption paths both make connections here. NULL when out of
+ * memory. */
+static pl_conn *conn_new(pl_http *h)
+{
+    pl_conn *c = pl_malloc(sizeof(*c));
+
+    if (c == NULL)
+        return NULL;
+    memset(c, 0, sizeof(*c));
+    c->http = h;
+    uv_tcp_init(h->loop, &c->tcp);
+    if (++h->nconns > h->peak)
+        h->peak = h->nconns;
+    return c;
+}
+
+/* <c>'s socket is open: parse from now on, in timer list <list>. */
+static void conn_start(pl_conn *c, uint8_t list)
+{
+    c->tcp.data = c->http; /* marks it as one of ours for close_walk() */
+    pl_h1_init(&c->h1, &c->http->h1_limits, &h1_events, c);
+    uv_tcp_nodelay(&c->tcp, 1);
+    if (list != TL_NONE)
+        list_add(c, list);
+    if (uv_read_start((uv_stream_t *)&c->tcp, alloc_cb, on_read) != 0)
+        conn_close(c);
+}
+
 /* Takes the accepted socket <fd> as a new connection. */
 static void conn_open(pl_http *h, int fd)
 {
-    pl_conn *c = pl_malloc(sizeof(*c));
+    pl_conn *c = conn_new(h);
 
     if (c == NULL) {
         PL_LOG(PL_LOG_ERROR, "out of memory accepting a connection", NULL);
         close(fd);
         return;
     }
-    memset(c, 0, sizeof(*c));
-    c->http = h;
-    uv_tcp_init(h->loop, &c->tcp);
-    if (++h->nconns > h->peak)
-        h->peak = h->nconns;
     if (uv_tcp_open(&c->tcp, fd) != 0) {
         close(fd);
         conn_close(c);
         return;
     }
-    c->tcp.data = h; /* marks it as one of ours for close_walk() */
-    pl_h1_init(&c->h1, &h->h1_limits, &h1_events, c);
-    uv_tcp_nodelay(&c->tcp, 1);
-    list_add(c, TL_REQUEST);
-    if (uv_read_start((uv_stream_t *)&c->tcp, alloc_cb, on_read) != 0) {
-        conn_close(c);
+    conn_start(c, TL_REQUEST);
+    if (c->closing) {
+        return;
     } else if (h->draining) {
         respond_own(c, 503, "too many connections");
     } else if (h->nconns > h->limits.max_connections) {
@@ -723,7 +745,90 @@ static void accept_cb(uv_poll_t *p, int status, int events)
     }
 }
 
+/* ---- adoption (a binary upgrade hands connections over) ---- */
+
+pl_conn *pl_http_adopt(pl_http *h, int fd, int parked, int keep_alive)
+{
+    pl_conn *c = conn_new(h);
+
+    if (c == NULL) {
+        close(fd);
+        return NULL;
+    }
+    if (uv_tcp_open(&c->tcp, fd) != 0) {
+        close(fd);
+        conn_close(c);
+        return NULL;
+    }
+    c->pending = parked != 0;
+    c->tuned = parked != 0; /* the socket options came with the socket */
+    conn_start(c, parked ? TL_NONE : TL_IDLE);
+    if (c->closing)
+        return NULL;
+    c->h1.keep_alive = keep_alive != 0;
+    return c;
+}
+
+int pl_http_adopt_listener(pl_http *h, int fd, uint16_t *bound_port)
+{
+    return start_listening(h, fd, bound_port);
+}
+
+int pl_http_listener_fd(const pl_http *h)
+{
+    return h->listening ? h->listen_fd : -1;
+}
+
+int pl_conn_handover_fd(const pl_conn *c)
+{
+    uv_os_fd_t fd;
+
+    /* Bytes still queued here would be lost with our descriptor. */
+    if (c->closing || c->finishing || c->in.len > 0 || c->h1.in_msg ||
+        uv_stream_get_write_queue_size((const uv_stream_t *)&c->tcp) > 0 ||
+        uv_fileno((const uv_handle_t *)&c->tcp, &fd) != 0)
+        return -1;
+    return fd;
+}
+
+int pl_conn_keep_alive(const pl_conn *c)
+{
+    return c->h1.keep_alive;
+}
+
+size_t pl_http_each_idle(pl_http *h, void (*fn)(pl_conn *c, void *arg), void *arg)
+{
+    static const uint8_t which[] = {TL_IDLE, TL_REQUEST};
+    size_t n = 0;
+
+    for (size_t i = 0; i < sizeof(which); i++)
+        for (pl_conn *c = h->lists[which[i]].head; c; c = c->lnext)
+            if (c->data == NULL && pl_conn_handover_fd(c) >= 0) {
+                fn(c, arg);
+                n++;
+            }
+    return n;
+}
+
 /* ---- the server ---- */
+
+void pl_http_set_limits(pl_http *h, const pl_http_limits *limits)
+{
+    h->limits = *limits;
+    h->timeouts[TL_REQUEST] = limits->header_timeout_ms;
+    h->timeouts[TL_IDLE] = limits->idle_timeout_ms;
+    h->timeouts[TL_LINGER] = LINGER_MS;
+    h->h1_limits.max_header_bytes = limits->max_header_bytes;
+    h->h1_limits.max_url_bytes = limits->max_url_bytes;
+    h->h1_limits.max_body_bytes = limits->max_body_bytes;
+    /* Room for two answers carrying a largest payload each. */
+    h->max_queued = 2 * (size_t)limits->max_body_bytes + 65536;
+    /* Every member of a list gets the list's new timeout: the lists stay
+     * sorted, only the timer may now be due earlier. */
+    for (int i = TL_REQUEST; i <= TL_LINGER; i++)
+        if (h->lists[i].head)
+            timer_arm(h, h->lists[i].head->since + h->timeouts[i]);
+}
 
 pl_http *pl_http_new(uv_loop_t *loop, const pl_http_limits *limits,
                      const pl_http_callbacks *cb, void *app)
@@ -734,17 +839,9 @@ pl_http *pl_http_new(uv_loop_t *loop, const pl_http_limits *limits,
         return NULL;
     memset(h, 0, offsetof(pl_http, readbuf));
     h->loop = loop;
-    h->limits = *limits;
     h->cb = *cb;
     h->app = app;
-    h->timeouts[TL_REQUEST] = limits->header_timeout_ms;
-    h->timeouts[TL_IDLE] = limits->idle_timeout_ms;
-    h->timeouts[TL_LINGER] = LINGER_MS;
-    h->h1_limits.max_header_bytes = limits->max_header_bytes;
-    h->h1_limits.max_url_bytes = limits->max_url_bytes;
-    h->h1_limits.max_body_bytes = limits->max_body_bytes;
-    /* Room for two answers carrying a largest payload each. */
-    h->max_queued = 2 * (size_t)limits->max_body_bytes + 65536;
+    pl_http_set_limits(h, limits);
     h->listen_fd = h->spare_fd = -1;
     uv_timer_init(loop, &h->timer);
     uv_timer_init(loop, &h->accept_timer);
@@ -768,25 +865,18 @@ static int listen_socket(const struct sockaddr *sa, socklen_t len)
     return fd;
 }
 
-/* Accepting is done here rather than by uv_listen(): at EMFILE libuv sheds
+/* Accepts on the listening socket <fd> from now on (it is <h>'s to close).
+ * Accepting is done here rather than by uv_listen(): at EMFILE libuv sheds
  * the waiting connections without telling its caller, and they are counted
- * here. Errors are negative errnos, as libuv's are on Unix. */
-int pl_http_listen(pl_http *h, const char *host, uint16_t port,
-                   uint16_t *bound_port)
+ * here. Returns 0 and sets *bound_port, or a negative errno (as libuv's
+ * errors are on Unix). */
+static int start_listening(pl_http *h, int fd, uint16_t *bound_port)
 {
     struct sockaddr_storage ss;
     socklen_t len = sizeof(ss);
-    int rc, fd;
+    int rc;
 
-    if (uv_ip4_addr(host, port, (struct sockaddr_in *)&ss) != 0 &&
-        (rc = uv_ip6_addr(host, port, (struct sockaddr_in6 *)&ss)) != 0)
-        return rc;
-    fd = listen_socket((const struct sockaddr *)&ss, ss.ss_family == AF_INET
-                                                       ? sizeof(struct sockaddr_in)
-                                                       : sizeof(struct sockaddr_in6));
-    if (fd < 0)
-        return fd;
-    if (getsockname(fd, (struct sockaddr *)&ss, &len) != 0)
+    if (getsockname(fd, (struct sockaddr *)&ss, &len) != 0 || listen(fd, 4096) != 0)
         rc = -errno;
     else
         rc = uv_poll_init_socket(h->loop, &h->listener, fd);
@@ -802,6 +892,21 @@ int pl_http_listen(pl_http *h, const char *host, uint16_t port,
                             ? ((struct sockaddr_in *)&ss)->sin_port
                             : ((struct sockaddr_in6 *)&ss)->sin6_port);
     return 0;
+}
+
+int pl_http_listen(pl_http *h, const char *host, uint16_t port,
+                   uint16_t *bound_port)
+{
+    struct sockaddr_storage ss;
+    int rc, fd;
+
+    if (uv_ip4_addr(host, port, (struct sockaddr_in *)&ss) != 0 &&
+        (rc = uv_ip6_addr(host, port, (struct sockaddr_in6 *)&ss)) != 0)
+        return rc;
+    fd = listen_socket((const struct sockaddr *)&ss, ss.ss_family == AF_INET
+                                                       ? sizeof(struct sockaddr_in)
+                                                       : sizeof(struct sockaddr_in6));
+    return fd < 0 ? fd : start_listening(h, fd, bound_port);
 }
 
 static void close_listener(pl_http *h)

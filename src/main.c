@@ -16,7 +16,7 @@ extern char **environ;
 static void raise_fd_limit(pl_config *cfg)
 {
     struct rlimit rl;
-    const uint64_t reserve = 64;
+    uint64_t asked = cfg->max_connections;
 
     if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
         return;
@@ -25,13 +25,10 @@ static void raise_fd_limit(pl_config *cfg)
         setrlimit(RLIMIT_NOFILE, &rl);
         getrlimit(RLIMIT_NOFILE, &rl);
     }
-    if (rl.rlim_cur != RLIM_INFINITY && cfg->max_connections + reserve > rl.rlim_cur) {
-        uint64_t clamped = rl.rlim_cur > 2 * reserve ? rl.rlim_cur - reserve : rl.rlim_cur / 2;
+    if (rl.rlim_cur != RLIM_INFINITY && pl_config_fit_nofile(cfg, rl.rlim_cur) < asked)
         PL_LOG(PL_LOG_INFO, "max_connections lowered to fit the file-descriptor limit",
-               "\"max_connections\":%llu,\"nofile\":%llu", (unsigned long long)clamped,
-               (unsigned long long)rl.rlim_cur);
-        cfg->max_connections = clamped;
-    }
+               "\"max_connections\":%llu,\"nofile\":%llu",
+               (unsigned long long)cfg->max_connections, (unsigned long long)rl.rlim_cur);
 }
 
 int main(int argc, char **argv)
@@ -61,5 +58,5 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     raise_fd_limit(&cfg);
     pl_message_init();
-    return pl_server_run(&cfg);
+    return pl_server_run(&cfg, argc, argv, environ);
 }

@@ -161,11 +161,30 @@ size_t pl_metrics_render(const pl_metrics *m, const pl_ledger *l, size_t keys,
     emit(&o, "# HELP pilotlight_build_info The running version.\n"
              "# TYPE pilotlight_build_info gauge\n"
              "pilotlight_build_info{version=\"%s\"} 1\n", PL_VERSION);
-    emit(&o, "# HELP pilotlight_max_waiters The max_waiters setting: polls parked at once.\n"
-             "# TYPE pilotlight_max_waiters gauge\npilotlight_max_waiters %llu\n"
-             "# HELP pilotlight_max_connections The max_connections setting, per listener.\n"
-             "# TYPE pilotlight_max_connections gauge\npilotlight_max_connections %llu\n",
-         (unsigned long long)m->max_waiters, (unsigned long long)m->max_connections);
+    emit(&o, "# HELP pilotlight_adopted_total Parked polls taken over from an older process "
+             "(binary upgrade); the ledger is parked_now + settled == parked_total + adopted.\n"
+             "# TYPE pilotlight_adopted_total counter\npilotlight_adopted_total %llu\n",
+         (unsigned long long)l->adopted);
+    emit(&o, "# HELP pilotlight_token_secret_valid_total Valid deployment tokens, by the "
+             "secret that signed them.\n# TYPE pilotlight_token_secret_valid_total counter\n"
+             "pilotlight_token_secret_valid_total{secret=\"current\"} %llu\n"
+             "pilotlight_token_secret_valid_total{secret=\"previous\"} %llu\n",
+         (unsigned long long)m->token_secret[0], (unsigned long long)m->token_secret[1]);
+    emit(&o, "# HELP pilotlight_config_reloads_total Configuration reloads (SIGHUP), by result.\n"
+             "# TYPE pilotlight_config_reloads_total counter\n"
+             "pilotlight_config_reloads_total{result=\"ok\"} %llu\n"
+             "pilotlight_config_reloads_total{result=\"error\"} %llu\n",
+         (unsigned long long)m->reloads[0], (unsigned long long)m->reloads[1]);
+    emit(&o, "# HELP pilotlight_config_max_waiters max_waiters in effect.\n"
+             "# TYPE pilotlight_config_max_waiters gauge\npilotlight_config_max_waiters %llu\n"
+             "# HELP pilotlight_config_max_waiters_per_key max_waiters_per_key in effect.\n"
+             "# TYPE pilotlight_config_max_waiters_per_key gauge\n"
+             "pilotlight_config_max_waiters_per_key %llu\n"
+             "# HELP pilotlight_config_max_connections max_connections in effect.\n"
+             "# TYPE pilotlight_config_max_connections gauge\n"
+             "pilotlight_config_max_connections %llu\n",
+         (unsigned long long)m->max_waiters, (unsigned long long)m->max_waiters_per_key,
+         (unsigned long long)m->max_connections);
     if (m->proc_ok)
         emit_process(&o, &m->proc);
     return o.overflow ? 0 : o.len;

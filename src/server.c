@@ -1,32 +1,48 @@
-/* server.c -- runs the loop: listen, serve, and drain on SIGTERM/SIGINT. */
+/* server.c -- runs the loop: listen, serve, reload on SIGHUP, upgrade on
+ * SIGUSR2, and drain on SIGTERM/SIGINT. */
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+
+#include <sys/resource.h>
 
 #include "pilotlight/broker.h"
+#include "pilotlight/handover.h"
 #include "pilotlight/http.h"
 #include "pilotlight/log.h"
+#include "pilotlight/mem.h"
 #include "pilotlight/server.h"
+#include "pilotlight/upgrade.h"
+
+enum { SERVING = 0, DELAYING, DRAINING, DONE };
 
 typedef struct {
     uv_loop_t loop;
-    const pl_config *cfg;
+    pl_config *cfg;
+    int argc;           /* what the configuration was loaded from, for reload */
+    char **argv, **envp;
     pl_broker *broker;
     pl_http *http;          /* controllers (and dispatch, unless split) */
     pl_http *dispatch_http; /* dispatch_listen, or NULL */
     int draining_https;     /* listeners not yet drained */
-    uv_signal_t sigterm, sigint;
+    unsigned serves[2];     /* PL_SERVE_* of http and dispatch_http */
+    pl_upgrade *up;         /* a binary upgrade in progress, or NULL */
+    char exe[PATH_MAX];     /* this binary, as resolved at start */
+    uv_signal_t sigterm, sigint, sighup, sigusr2;
     uv_timer_t drain_timer; /* drain delay, then the shutdown deadline */
-    int phase;              /* 0 serving, 1 delaying, 2 draining, 3 done */
+    int phase;              /* SERVING, DELAYING, DRAINING, DONE */
 } server;
 
 static void on_drained(void *arg)
 {
     server *s = arg;
 
-    if (s->phase == 3 || --s->draining_https > 0)
+    if (s->phase == DONE || --s->draining_https > 0)
         return;
-    s->phase = 3;
+    s->phase = DONE;
     PL_LOG(PL_LOG_INFO, "drained", NULL);
     pl_http_stop(s->http);
     if (s->dispatch_http)
@@ -34,6 +50,8 @@ static void on_drained(void *arg)
     pl_broker_stop(s->broker);
     uv_close((uv_handle_t *)&s->sigterm, NULL);
     uv_close((uv_handle_t *)&s->sigint, NULL);
+    uv_close((uv_handle_t *)&s->sighup, NULL);
+    uv_close((uv_handle_t *)&s->sigusr2, NULL);
     uv_close((uv_handle_t *)&s->drain_timer, NULL);
 }
 
@@ -49,7 +67,7 @@ static void on_deadline(uv_timer_t *t)
 
 static void start_drain(server *s)
 {
-    s->phase = 2;
+    s->phase = DRAINING;
     pl_broker_close_parked(s->broker);
     uv_timer_start(&s->drain_timer, on_deadline, s->cfg->shutdown_timeout_ms, 0);
     s->draining_https = s->dispatch_http ? 2 : 1;
@@ -67,91 +85,265 @@ static void on_signal(uv_signal_t *sig, int signum)
 {
     server *s = sig->data;
 
-    if (s->phase != 0) {
-        if (s->phase < 3) {
-            PL_LOG(PL_LOG_WARN, "second signal: closing now", NULL);
-            on_deadline(&s->drain_timer);
-        }
+    if (s->phase == DONE)
+        return;
+    if (s->up != NULL)
+        pl_upgrade_abort(s->up, signum == SIGTERM ? "SIGTERM came first" : "SIGINT came first");
+    if (s->phase != SERVING) {
+        /* Whatever the phase: no new connection, none left open, exit. */
+        PL_LOG(PL_LOG_WARN, "second signal: closing now", NULL);
+        if (s->phase == DELAYING)
+            start_drain(s); /* closes the listeners and the parked polls */
+        on_deadline(&s->drain_timer);
         return;
     }
     PL_LOG(PL_LOG_INFO, "draining", "\"signal\":\"%s\"", signum == SIGTERM ? "SIGTERM" : "SIGINT");
     pl_broker_set_draining(s->broker);
     if (s->cfg->drain_delay_ms > 0) {
-        s->phase = 1;
+        s->phase = DELAYING;
         uv_timer_start(&s->drain_timer, on_delay_over, s->cfg->drain_delay_ms, 0);
     } else {
         start_drain(s);
     }
 }
 
-/* Opens one listener serving <serves> on <addr>. Returns it, or NULL. */
-static pl_http *open_listener(server *s, const pl_listen_addr *addr, unsigned serves)
+static pl_http_limits http_limits(const pl_config *cfg)
 {
     pl_http_limits limits = {
-        .max_connections = s->cfg->max_connections,
-        .max_header_bytes = s->cfg->max_header_bytes,
-        .max_url_bytes = s->cfg->max_url_bytes,
-        .max_body_bytes = s->cfg->max_body_bytes,
-        .header_timeout_ms = s->cfg->header_timeout_ms,
-        .idle_timeout_ms = s->cfg->idle_timeout_ms,
+        .max_connections = cfg->max_connections,
+        .max_header_bytes = cfg->max_header_bytes,
+        .max_url_bytes = cfg->max_url_bytes,
+        .max_body_bytes = cfg->max_body_bytes,
+        .header_timeout_ms = cfg->header_timeout_ms,
+        .idle_timeout_ms = cfg->idle_timeout_ms,
     };
+    return limits;
+}
+
+static void log_changed(const char *name, const char *value, void *arg)
+{
+    char esc[PL_CONFIG_STRING_MAX * 6 + 1];
+
+    (void)arg;
+    pl_log_escape(esc, sizeof(esc), value, strlen(value));
+    PL_LOG(PL_LOG_INFO, "setting changed", "\"name\":\"%s\",\"value\":\"%s\"", name, esc);
+}
+
+/* The settings a running process cannot take up: they stay as they were. */
+static void keep_fixed(const pl_config *cur, pl_config *next)
+{
+    if (memcmp(&cur->listen, &next->listen, sizeof(cur->listen)) != 0 ||
+        memcmp(&cur->dispatch_listen, &next->dispatch_listen, sizeof(cur->listen)) != 0)
+        PL_LOG(PL_LOG_WARN, "listen addresses cannot change live: kept (restart or upgrade "
+               "to change them)", NULL);
+    next->listen = cur->listen;
+    next->dispatch_listen = cur->dispatch_listen;
+}
+
+/* SIGHUP: the configuration is read again from where it came from at start
+ * (file, environment as it was, flags) and what can change live is taken
+ * up. A configuration that does not load changes nothing. */
+static void reload(server *s)
+{
+    pl_config *next = pl_malloc(sizeof(*next));
+    pl_config_action action;
+    struct rlimit rl;
+    char err[512];
+
+    if (next == NULL ||
+        pl_config_load(next, s->argc, s->argv, s->envp, &action, err, sizeof(err)) != 0) {
+        if (next == NULL)
+            snprintf(err, sizeof(err), "out of memory");
+        PL_LOG(PL_LOG_ERROR, "reload failed: configuration unchanged", "\"error\":\"%s\"", err);
+        pl_broker_count_reload_error(s->broker);
+        pl_free(next);
+        return;
+    }
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+        pl_config_fit_nofile(next, rl.rlim_cur);
+    keep_fixed(s->cfg, next);
+    if (pl_broker_reconfigure(s->broker, next) != 0) {
+        PL_LOG(PL_LOG_ERROR, "reload failed: configuration unchanged",
+               "\"error\":\"out of memory\"");
+        pl_free(next);
+        return;
+    }
+    pl_config_diff(s->cfg, next, log_changed, NULL);
+    memcpy(s->cfg, next, sizeof(*next));
+    pl_free(next);
+    pl_http_limits limits = http_limits(s->cfg);
+    pl_http_set_limits(s->http, &limits);
+    if (s->dispatch_http)
+        pl_http_set_limits(s->dispatch_http, &limits);
+    pl_log_threshold = (pl_log_level)s->cfg->log_level;
+    PL_LOG(PL_LOG_INFO, "reloaded", NULL);
+}
+
+/* SIGHUP and SIGUSR2 act only while serving with no upgrade under way;
+ * otherwise they are logged and ignored. Returns whether <sig> is. */
+static int ignored(const server *s, const char *sig)
+{
+    const char *why = s->phase != SERVING ? "draining"
+                      : s->up != NULL ? "an upgrade is in progress" : NULL;
+
+    if (why != NULL)
+        PL_LOG(PL_LOG_WARN, "signal ignored", "\"signal\":\"%s\",\"why\":\"%s\"", sig, why);
+    return why != NULL;
+}
+
+static void on_sighup(uv_signal_t *sig, int signum)
+{
+    server *s = sig->data;
+
+    (void)signum;
+    if (!ignored(s, "SIGHUP"))
+        reload(s);
+}
+
+/* The new process took over, or did not (then nothing changed here). */
+static void on_upgrade_done(void *arg, int ok)
+{
+    server *s = arg;
+
+    s->up = NULL;
+    if (!ok || s->phase != SERVING)
+        return;
+    /* It serves already: stop accepting and finish what is in progress,
+     * with no drain delay (nothing needs to be taken out of rotation). */
+    PL_LOG(PL_LOG_INFO, "draining", "\"signal\":\"SIGUSR2\"");
+    pl_broker_set_draining(s->broker);
+    start_drain(s);
+}
+
+static void on_sigusr2(uv_signal_t *sig, int signum)
+{
+    server *s = sig->data;
+
+    (void)signum;
+    if (ignored(s, "SIGUSR2"))
+        return;
+    pl_upgrade_opts o = {
+        .loop = &s->loop,
+        .broker = s->broker,
+        .https = {s->http, s->dispatch_http},
+        .serves = {s->serves[0], s->serves[1]},
+        .program = s->cfg->upgrade_binary[0] ? s->cfg->upgrade_binary : s->exe,
+        .argv = s->argv,
+        .envp = s->envp,
+        .done = on_upgrade_done,
+        .arg = s,
+    };
+    s->up = pl_upgrade_start(&o);
+}
+
+/* A server context for one listener serving <serves>, not yet listening.
+ * Returns it, or NULL. */
+static pl_http *new_http(server *s, unsigned serves)
+{
+    pl_http_limits limits = http_limits(s->cfg);
     pl_http_callbacks cb = {
         .on_request = pl_broker_on_request,
         .on_close = pl_broker_on_close,
         .on_response = pl_broker_on_response,
     };
-    const char *role = serves == PL_SERVE_DISPATCH ? "dispatch"
-                       : serves == PL_SERVE_CONTROLLERS ? "controllers" : "all";
     pl_http *h = pl_http_new(&s->loop, &limits, &cb, pl_broker_side(s->broker, serves));
-    uint16_t port;
-    int rc;
 
     if (h == NULL) {
         PL_LOG(PL_LOG_ERROR, "out of memory at start", NULL);
         return NULL;
     }
     pl_broker_attach(s->broker, h);
-    rc = pl_http_listen(h, addr->host, addr->port, &port);
+    return h;
+}
+
+/* Listens with <h> on <addr>. Returns 0, or -1 (logged). */
+static int listen_on(pl_http *h, const pl_listen_addr *addr, unsigned serves)
+{
+    const char *role = serves == PL_SERVE_DISPATCH ? "dispatch"
+                       : serves == PL_SERVE_CONTROLLERS ? "controllers" : "all";
+    uint16_t port;
+    int rc = pl_http_listen(h, addr->host, addr->port, &port);
+
     if (rc != 0) {
         PL_LOG(PL_LOG_ERROR, "cannot listen", "\"host\":\"%s\",\"port\":%u,\"error\":\"%s\"",
                addr->host, addr->port, uv_strerror(rc));
         pl_http_stop(h);
-        return h; /* freed with the others at exit */
+        return -1;
     }
     PL_LOG(PL_LOG_INFO, "listening", strchr(addr->host, ':')
                ? "\"address\":\"[%s]:%u\",\"serves\":\"%s\",\"version\":\"" PL_VERSION "\""
                : "\"address\":\"%s:%u\",\"serves\":\"%s\",\"version\":\"" PL_VERSION "\"",
            addr->host, port, role);
-    return h;
+    return 0;
+}
+
+/* Takes over the sockets of the process that started this one (a binary
+ * upgrade: PL_HANDOVER_ENV names the descriptor). Returns 0 or -1. */
+static int adopt(server *s, const char *fdvar)
+{
+    pl_http *https[2] = {s->http, s->dispatch_http};
+    unsigned serves[2] = {s->serves[0], s->serves[1]};
+    char *end;
+    long fd = strtol(fdvar, &end, 10);
+
+    if (*end != '\0' || fd < 3 || fd > 65535) {
+        PL_LOG(PL_LOG_ERROR, "upgrade: bad " PL_HANDOVER_ENV, NULL);
+        return -1;
+    }
+    if (pl_upgrade_adopt((int)fd, s->broker, https, serves) == 0)
+        return 0;
+    /* Close what was adopted: without a byte written, so the old process,
+     * which still holds every socket, serves on as if nothing happened. */
+    for (int i = 0; i < 2; i++)
+        if (https[i] != NULL)
+            pl_http_close_all(https[i]);
+    return -1;
 }
 
 static int start(server *s)
 {
     const pl_config *cfg = s->cfg;
     int split = cfg->dispatch_listen.host[0] != '\0';
+    const char *fdvar = getenv(PL_HANDOVER_ENV);
+    ssize_t n = readlink("/proc/self/exe", s->exe, sizeof(s->exe) - 1);
 
+    /* Resolved now: a binary replaced on disk later leaves /proc/self/exe
+     * naming a deleted file, while this path names the new one. */
+    s->exe[n > 0 ? n : 0] = '\0';
     s->broker = pl_broker_new(&s->loop, cfg);
     if (s->broker == NULL) {
         PL_LOG(PL_LOG_ERROR, "out of memory at start", NULL);
         return -1;
     }
-    s->http = open_listener(s, &cfg->listen, split ? PL_SERVE_CONTROLLERS
-                                                   : PL_SERVE_CONTROLLERS | PL_SERVE_DISPATCH);
-    if (s->http == NULL || !pl_http_listening(s->http))
+    s->serves[0] = split ? PL_SERVE_CONTROLLERS : PL_SERVE_CONTROLLERS | PL_SERVE_DISPATCH;
+    s->serves[1] = PL_SERVE_DISPATCH;
+    s->http = new_http(s, s->serves[0]);
+    if (s->http == NULL || (split && (s->dispatch_http = new_http(s, s->serves[1])) == NULL))
         return -1;
-    if (split) {
-        s->dispatch_http = open_listener(s, &cfg->dispatch_listen, PL_SERVE_DISPATCH);
-        if (s->dispatch_http == NULL || !pl_http_listening(s->dispatch_http))
+    /* Handled from before "listening" is said: a SIGHUP or SIGUSR2 sent as
+     * soon as the process is up must not kill it. */
+    uv_signal_init(&s->loop, &s->sigterm);
+    uv_signal_init(&s->loop, &s->sigint);
+    uv_signal_init(&s->loop, &s->sighup);
+    uv_signal_init(&s->loop, &s->sigusr2);
+    uv_timer_init(&s->loop, &s->drain_timer);
+    s->sigterm.data = s->sigint.data = s->sighup.data = s->sigusr2.data = s;
+    s->drain_timer.data = s;
+    uv_signal_start(&s->sigterm, on_signal, SIGTERM);
+    uv_signal_start(&s->sigint, on_signal, SIGINT);
+    uv_signal_start(&s->sighup, on_sighup, SIGHUP);
+    uv_signal_start(&s->sigusr2, on_sigusr2, SIGUSR2);
+    if (fdvar != NULL) {
+        if (adopt(s, fdvar) != 0)
             return -1;
+    } else {
+        if (listen_on(s->http, &cfg->listen, s->serves[0]) != 0 ||
+            (split && listen_on(s->dispatch_http, &cfg->dispatch_listen, s->serves[1]) != 0))
+            return -1;
+        pl_handover_notify("READY=1");
     }
     PL_LOG(PL_LOG_DEBUG, "sizes", "\"connection_bytes\":%zu,\"waiter_bytes\":%zu",
            pl_conn_size(), pl_engine_waiter_size(0));
-    uv_signal_init(&s->loop, &s->sigterm);
-    uv_signal_init(&s->loop, &s->sigint);
-    uv_timer_init(&s->loop, &s->drain_timer);
-    s->sigterm.data = s->sigint.data = s->drain_timer.data = s;
-    uv_signal_start(&s->sigterm, on_signal, SIGTERM);
-    uv_signal_start(&s->sigint, on_signal, SIGINT);
     return 0;
 }
 
@@ -162,13 +354,16 @@ static void close_any(uv_handle_t *h, void *arg)
         uv_close(h, NULL);
 }
 
-int pl_server_run(const pl_config *cfg)
+int pl_server_run(pl_config *cfg, int argc, char **argv, char **envp)
 {
     server s;
     int rc;
 
     memset(&s, 0, sizeof(s));
     s.cfg = cfg;
+    s.argc = argc;
+    s.argv = argv;
+    s.envp = envp;
     if (uv_loop_init(&s.loop) != 0)
         return 1;
     rc = start(&s);
@@ -178,6 +373,8 @@ int pl_server_run(const pl_config *cfg)
     uv_walk(&s.loop, close_any, NULL);
     uv_run(&s.loop, UV_RUN_DEFAULT);
     uv_loop_close(&s.loop);
+    if (s.broker != NULL)
+        pl_broker_log_ledger(s.broker);
     pl_http_free(s.http);
     pl_http_free(s.dispatch_http);
     pl_broker_free(s.broker);

@@ -40,6 +40,8 @@ typedef struct cache_entry {
 struct pl_token_verifier {
     unsigned char *secret;
     size_t secret_len;
+    unsigned char *previous; /* a secret being retired, or NULL */
+    size_t previous_len;
     cache_entry *cache; /* uthash head */
     cache_entry *oldest, *newest;
     pl_token_stats stats;
@@ -273,13 +275,29 @@ static const char *check_header(const cJSON *hdr)
     return NULL;
 }
 
-/* Checks the signature segment <sig> over the first <signed_len> bytes of
- * <s> in constant time. Returns NULL when it matches, else a reason. */
-static const char *check_signature(const pl_token_verifier *v, const char *s,
-                                   size_t signed_len, const char *sig, size_t sig_len)
+/* Whether <given> is the HMAC of the first <signed_len> bytes of <s> under
+ * <key>, compared in constant time. */
+static int mac_matches(const unsigned char *key, size_t key_len, const char *s,
+                       size_t signed_len, const unsigned char *given)
 {
-    unsigned char given[SIG_B64_MAX / 4 * 3], mac[EVP_MAX_MD_SIZE];
+    unsigned char mac[EVP_MAX_MD_SIZE];
     unsigned int mac_len = 0;
+
+    if (HMAC(EVP_sha256(), key, (int)key_len, (const unsigned char *)s, signed_len,
+             mac, &mac_len) == NULL || mac_len != SIG_LEN)
+        return 0;
+    return CRYPTO_memcmp(given, mac, SIG_LEN) == 0;
+}
+
+/* Checks the signature segment <sig> over the first <signed_len> bytes of
+ * <s> against the current secret, then the previous one; sets *previous
+ * when the previous one signed it. Returns NULL when one matches, else a
+ * reason. */
+static const char *check_signature(const pl_token_verifier *v, const char *s,
+                                   size_t signed_len, const char *sig, size_t sig_len,
+                                   int *previous)
+{
+    unsigned char given[SIG_B64_MAX / 4 * 3];
     long n;
 
     if (sig_len > SIG_B64_MAX)
@@ -289,10 +307,11 @@ static const char *check_signature(const pl_token_verifier *v, const char *s,
         return "bad_base64";
     if (n != SIG_LEN) /* the length check before the constant-time compare */
         return "bad_signature";
-    if (HMAC(EVP_sha256(), v->secret, (int)v->secret_len, (const unsigned char *)s,
-             signed_len, mac, &mac_len) == NULL || mac_len != SIG_LEN)
-        return "bad_signature";
-    return CRYPTO_memcmp(given, mac, SIG_LEN) == 0 ? NULL : "bad_signature";
+    if (mac_matches(v->secret, v->secret_len, s, signed_len, given))
+        return NULL;
+    *previous = v->previous != NULL &&
+                mac_matches(v->previous, v->previous_len, s, signed_len, given);
+    return *previous ? NULL : "bad_signature";
 }
 
 /* 1 when "aud" is the audience, or an array holding it. */
@@ -391,7 +410,7 @@ static const char *verify_fresh(const pl_token_verifier *v, const char *s, size_
     cJSON_Delete(obj);
     if (why == NULL)
         why = check_signature(v, s, (size_t)(dot2 - s), dot2 + 1,
-                              len - (size_t)(dot2 + 1 - s));
+                              len - (size_t)(dot2 + 1 - s), &c->previous);
     if (why != NULL)
         return why;
     obj = decode_object(dot1 + 1, (size_t)(dot2 - dot1 - 1), "bad_payload", &why);
@@ -513,7 +532,23 @@ void pl_token_verifier_free(pl_token_verifier *v)
         cache_drop(v, v->oldest);
     OPENSSL_cleanse(v->secret, v->secret_len);
     pl_free(v->secret);
+    if (v->previous != NULL)
+        OPENSSL_cleanse(v->previous, v->previous_len);
+    pl_free(v->previous);
     pl_free(v);
+}
+
+int pl_token_verifier_set_previous(pl_token_verifier *v, const unsigned char *secret,
+                                   size_t len)
+{
+    if (len == 0 || len > INT_MAX || v->previous != NULL)
+        return -1;
+    v->previous = pl_malloc(len);
+    if (v->previous == NULL)
+        return -1;
+    memcpy(v->previous, secret, len);
+    v->previous_len = len;
+    return 0;
 }
 
 void pl_token_verifier_stats(const pl_token_verifier *v, pl_token_stats *out)

@@ -33,6 +33,43 @@ void pl_broker_on_request(void *b, pl_conn *c, const pl_request *req);
 void pl_broker_on_close(void *b, pl_conn *c);
 void pl_broker_on_response(void *b, unsigned tag, int status);
 
+/* Takes up <next> (a live reload): caps, order and park timeout, token
+ * mode and secrets (a new verifier, so a dropped secret's cached tokens go
+ * too), what /connect serves. Everything else the broker reads from its
+ * cfg at each use, so the caller then copies <next> over that cfg. Returns
+ * 0, or -1 when out of memory (nothing changed). Counts the reload. */
+int pl_broker_reconfigure(pl_broker *b, const pl_config *next);
+
+/* Counts a reload that failed before reaching the broker (a bad file). */
+void pl_broker_count_reload_error(pl_broker *b);
+
+/* Calls <fn> for every parked poll (not one whose delivery awaits its
+ * confirmation), oldest first, with its connection. <fn> must not change
+ * the broker. */
+void pl_broker_each_parked(pl_broker *b,
+                           void (*fn)(pl_conn *c, const pl_waiter_info *info, void *arg),
+                           void *arg);
+
+/* The configuration the broker serves. */
+const pl_config *pl_broker_config(const pl_broker *b);
+
+/* PL_SERVE_* of the listener <c> came in on. */
+unsigned pl_broker_conn_serves(const pl_conn *c);
+
+/* Settles the parked poll <w> as handed over to a new process: its
+ * connection is closed here without a word (the new process holds the
+ * socket). */
+void pl_broker_hand_over(pl_broker *b, pl_waiter *w);
+
+/* Parks the poll of the adopted connection <c> (pl_http_adopt), parked
+ * <age_ms> ago in the old process. Returns 0, or an engine error
+ * (PL_ENOMEM, PL_EINVAL, PL_EEXIST) with <c> left as it was. */
+int pl_broker_adopt(pl_broker *b, pl_conn *c, const pl_key *key, const char *id,
+                    size_t id_len, uint64_t age_ms);
+
+/* Logs the ledger (at exit: the last word on every poll this process held). */
+void pl_broker_log_ledger(const pl_broker *b);
+
 /* /readyz answers 503 from now on. */
 void pl_broker_set_draining(pl_broker *b);
 

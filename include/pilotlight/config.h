@@ -45,6 +45,9 @@ typedef struct {
     char token_secret[PL_CONFIG_STRING_MAX];      /* never printed or logged */
     char token_secret_file[PL_CONFIG_STRING_MAX]; /* read into token_secret */
     char dispatch_token[PL_CONFIG_STRING_MAX];    /* bearer for dispatch; "" = none */
+    char token_secret_previous[PL_CONFIG_STRING_MAX];      /* rotation; never printed */
+    char token_secret_previous_file[PL_CONFIG_STRING_MAX]; /* read into the above */
+    char upgrade_binary[PL_CONFIG_STRING_MAX];    /* SIGUSR2 runs it; "" = our own */
     int log_level;            /* pl_log_level */
 } pl_config;
 
@@ -74,5 +77,15 @@ int pl_config_set(pl_config *cfg, const char *name, const char *value,
 void pl_config_print(const pl_config *cfg, FILE *out);
 
 void pl_config_usage(FILE *out);
+
+/* Calls <fn> with the name and printed value (secrets as "(set)") of every
+ * setting whose value differs between <old> and <cfg>. Strings compare
+ * whole buffers: both configs must come from pl_config_load. */
+void pl_config_diff(const pl_config *old, const pl_config *cfg,
+                    void (*fn)(const char *name, const char *value, void *arg), void *arg);
+
+/* Lowers max_connections so that it and a small reserve fit <nofile>
+ * descriptors. Returns the resulting max_connections. */
+uint64_t pl_config_fit_nofile(pl_config *cfg, uint64_t nofile);
 
 #endif

@@ -23,6 +23,7 @@ typedef enum {
     PL_OUTCOME_REPLACED,    /* same controller id parked again (409) */
     PL_OUTCOME_SHUTDOWN,    /* server draining: closed without a response */
     PL_OUTCOME_REJECTED,    /* refused at park: over a cap (503) */
+    PL_OUTCOME_HANDED_OVER, /* its connection went to a new process (upgrade) */
     PL_OUTCOME__COUNT
 } pl_outcome;
 
@@ -52,11 +53,12 @@ typedef struct {
 } pl_engine_opts;
 
 /* Counters by outcome. At every moment:
- * parked_now + sum(settled[]) == parked_total. */
+ * parked_now + sum(settled[]) == parked_total + adopted. */
 typedef struct {
     uint64_t parked_total; /* every poll that reached pl_engine_park() */
     uint64_t parked_now;
     uint64_t settled[PL_OUTCOME__COUNT];
+    uint64_t adopted;      /* waiters taken over from an older process */
 } pl_ledger;
 
 /* Returns a new engine, or NULL when out of memory. */
@@ -78,7 +80,39 @@ int pl_engine_park(pl_engine *e, const pl_key *key, const char *id,
 #define PL_ENOMEM (-12)
 #define PL_EINVAL (-22) /* a key field empty or over PL_KEY_FIELD_MAX */
 
-/* Settles one parked waiter with <outcome> (timeout, disconnect, shutdown). */
+/* Parks a waiter handed over by an older process (binary upgrade): like
+ * pl_engine_park, parked at <parked_at>, counted as adopted rather than in
+ * parked_total, never rejected for a cap nor replacing another waiter (the
+ * older process had them all at once). Returns 0 and sets *out, PL_ENOMEM,
+ * PL_EINVAL, or PL_EEXIST when <id> is parked already. A <parked_at> older
+ * than the newest waiter's is taken as that one's, keeping deadlines sorted. */
+int pl_engine_adopt(pl_engine *e, const pl_key *key, const char *id, size_t id_len,
+                    void *owner, uint64_t parked_at, pl_waiter **out);
+
+#define PL_EEXIST (-17)
+
+/* What one parked waiter is, for a hand-over. Strings are valid during the
+ * callback only; <id> is NUL-terminated. */
+typedef struct {
+    pl_key key;
+    const char *id;
+    size_t id_len;
+    uint64_t parked_at;
+    void *owner;
+    pl_waiter *w;
+} pl_waiter_info;
+
+/* Calls <fn> for every parked waiter, oldest first. <fn> must not change
+ * the engine. Returns how many. */
+size_t pl_engine_each_waiter(const pl_engine *e,
+                             void (*fn)(const pl_waiter_info *info, void *arg), void *arg);
+
+/* Replaces the options (a live reload): caps and order apply from the next
+ * park and dispatch, the park timeout to every waiter's deadline. */
+void pl_engine_set_opts(pl_engine *e, const pl_engine_opts *opts);
+
+/* Settles one parked waiter with <outcome> (timeout, disconnect, shutdown,
+ * handed_over). */
 void pl_engine_settle(pl_engine *e, pl_waiter *w, pl_outcome outcome);
 
 /* Offers <payload> to the waiters of <key> in match order until one accepts.

@@ -45,6 +45,10 @@ typedef struct {
 pl_http *pl_http_new(uv_loop_t *loop, const pl_http_limits *limits,
                      const pl_http_callbacks *cb, void *app);
 
+/* Replaces the limits (a live reload). Size limits apply to requests parsed
+ * from now on; the new timeouts to every connection waiting now. */
+void pl_http_set_limits(pl_http *h, const pl_http_limits *limits);
+
 /* Listens on host:port. Returns 0 and sets *bound_port, or a negative libuv
  * error. */
 int pl_http_listen(pl_http *h, const char *host, uint16_t port,
@@ -111,6 +115,33 @@ void pl_conn_set_tag(pl_conn *c, unsigned tag);
  * none is set); on_close fires only while one is set. */
 void pl_conn_set_data(pl_conn *c, void *data, unsigned kind);
 void *pl_conn_data(const pl_conn *c, unsigned *kind);
+
+/* ---- a binary upgrade hands sockets over (see handover.h) ---- */
+
+/* Takes the open connection socket <fd> into <h>: parked (an answer is
+ * pending, as for a request handed to on_request; <keep_alive> says whether
+ * that request allowed keep-alive) or idle keep-alive. <fd> is consumed
+ * either way. Returns the connection, or NULL (out of memory, or libuv
+ * refused <fd>). */
+pl_conn *pl_http_adopt(pl_http *h, int fd, int parked, int keep_alive);
+
+/* Takes the listening socket <fd> into <h> (consumed either way) and
+ * accepts on it. Returns 0 and sets *bound_port, or a negative libuv error. */
+int pl_http_adopt_listener(pl_http *h, int fd, uint16_t *bound_port);
+
+/* The listening socket's descriptor, or -1 when not listening. */
+int pl_http_listener_fd(const pl_http *h);
+
+/* <c>'s descriptor when it can be handed over whole (no request part-way
+ * in, nothing buffered either way, not closing), else -1. */
+int pl_conn_handover_fd(const pl_conn *c);
+
+/* Whether <c>'s current request allows keep-alive. */
+int pl_conn_keep_alive(const pl_conn *c);
+
+/* Calls <fn> for each idle connection that can be handed over (holding no
+ * application data). Returns how many. */
+size_t pl_http_each_idle(pl_http *h, void (*fn)(pl_conn *c, void *arg), void *arg);
 
 /* Bytes a connection costs the server while it waits (struct sizes). */
 size_t pl_conn_size(void);

@@ -50,8 +50,9 @@ typedef struct {
                                     * out of descriptors (pl_http_refused) */
     pl_proc_stats proc;            /* read at scrape time */
     int proc_ok;                   /* 0 when /proc could not be read */
-    uint64_t max_waiters;          /* the configured caps, for alerts on */
-    uint64_t max_connections;      /* how near they are */
+    uint64_t token_secret[2];       /* valid tokens: current, previous secret */
+    uint64_t reloads[2];            /* SIGHUP reloads: ok, error */
+    uint64_t max_waiters, max_waiters_per_key, max_connections; /* in effect */
 } pl_metrics;
 
 void pl_metrics_init(pl_metrics *m);

@@ -49,6 +49,7 @@ typedef struct {
     char deployment[PL_KEY_FIELD_MAX + 1];
     char deployment_version[PL_KEY_FIELD_MAX + 1];
     double exp; /* expiry, seconds since the epoch, maybe fractional */
+    int previous; /* signed with the previous secret (a rotation) */
 } pl_token_claims;
 
 /* Cache counters, for metrics and tests. */
@@ -64,6 +65,12 @@ typedef struct {
  * Returns NULL when out of memory or when <len> is 0 (an empty key would
  * let anyone sign). Not thread-safe: one verifier per event loop. */
 pl_token_verifier *pl_token_verifier_new(const unsigned char *secret, size_t len);
+
+/* Also accepts tokens signed with <secret> (<len> bytes, copied), the secret
+ * being retired during a rotation: the current one is tried first. Once per
+ * verifier. Returns 0, or -1 when out of memory, <len> is 0 or one is set. */
+int pl_token_verifier_set_previous(pl_token_verifier *v, const unsigned char *secret,
+                                   size_t len);
 
 /* Wipes the secret (OPENSSL_cleanse), frees the cache and <v>. NULL is a
  * no-op. */

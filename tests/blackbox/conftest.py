@@ -378,10 +378,12 @@ def scrape(port):
 
 
 def assert_ledger(m):
-    """parked_now + sum(settled_total) == parked_total."""
+    """parked_now + sum(settled_total) == parked_total (+ adopted_total, the
+    polls a binary upgrade handed over from the older process)."""
     if not isinstance(m, Metrics):
         m = scrape(m)
     now, settled, total = m.parked_now, m.sum("pilotlight_settled_total"), m.parked_total
+    total += m.samples.get(("pilotlight_adopted_total", ()), 0.0)
     assert now + settled == total, \
         f"ledger broken: parked_now {now} + settled {settled} != parked_total {total}"
     return m

@@ -1,6 +1,7 @@
 /* test_config.c -- defaults, file < env < flags, and refusals. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "pilotlight/config.h"
@@ -197,6 +198,81 @@ static void test_secrets(void)
     expect_error(nosecret, 3, NULL, "token_secret");
 }
 
+
+static void test_previous_secret(void)
+{
+    char path[] = "/tmp/pl-prev-XXXXXX";
+    int fd = mkstemp(path);
+    char *argv[] = {"pilotlight", "--token-mode", "enforce", "--token-secret", "new",
+                    "--token-secret-previous-file", path, NULL};
+    char *missing[] = {"pilotlight", "--token-secret-previous-file", "/nonexistent/x", NULL};
+    char *envp[] = {"PILOTLIGHT_TOKEN_SECRET_PREVIOUS=from-env", NULL};
+    pl_config cfg;
+    pl_config_action action;
+    char err[512], *printed = NULL;
+    size_t plen = 0;
+    FILE *mem;
+
+    CHECK_EQ(write(fd, "old\r\n", 5), 5);
+    close(fd);
+    CHECK_EQ(load(&cfg, 7, argv, NULL, &action, err), 0);
+    CHECK_STR(cfg.token_secret_previous, "old");
+    CHECK_EQ(load(&cfg, 5, argv, envp, &action, err), 0);
+    CHECK_STR(cfg.token_secret_previous, "from-env");
+    mem = open_memstream(&printed, &plen);
+    pl_config_print(&cfg, mem);
+    fclose(mem);
+    CHECK(strstr(printed, "from-env") == NULL);
+    CHECK(strstr(printed, "token_secret_previous = (set)") != NULL);
+    free(printed);
+    unlink(path);
+    expect_error(missing, 3, NULL, "token_secret_previous_file /nonexistent/x");
+}
+
+typedef struct {
+    char names[8][64], values[8][64];
+    int n;
+} diff_log;
+
+static void on_diff(const char *name, const char *value, void *arg)
+{
+    diff_log *d = arg;
+
+    if (d->n < 8) {
+        snprintf(d->names[d->n], 64, "%s", name);
+        snprintf(d->values[d->n], 64, "%s", value);
+        d->n++;
+    }
+}
+
+static void test_diff_and_fit(void)
+{
+    char *a[] = {"pilotlight", NULL};
+    char *b[] = {"pilotlight", "--max-waiters", "7", "--log-level", "debug",
+                 "--dispatch-token", "tok", NULL};
+    pl_config x, y;
+    pl_config_action action;
+    char err[512];
+    diff_log d = {.n = 0};
+
+    CHECK_EQ(load(&x, 1, a, NULL, &action, err), 0);
+    CHECK_EQ(load(&y, 7, b, NULL, &action, err), 0);
+    pl_config_diff(&x, &x, on_diff, &d);
+    CHECK_EQ(d.n, 0);
+    pl_config_diff(&x, &y, on_diff, &d);
+    CHECK_EQ(d.n, 3);
+    CHECK_STR(d.names[0], "dispatch_token");
+    CHECK_STR(d.values[0], "(set)"); /* a secret is never printed */
+    CHECK_STR(d.names[1], "max_waiters");
+    CHECK_STR(d.values[1], "7");
+    CHECK_STR(d.names[2], "log_level");
+    CHECK_STR(d.values[2], "debug");
+    y.max_connections = 5000;
+    CHECK_EQ(pl_config_fit_nofile(&y, 1024), 960);
+    CHECK_EQ(pl_config_fit_nofile(&y, 100), 50);
+    CHECK_EQ(pl_config_fit_nofile(&y, 100000), 50); /* never raised */
+}
+
 int main(void)
 {
     RUN(test_defaults);
@@ -206,5 +282,7 @@ int main(void)
     RUN(test_documented_file_is_defaults);
     RUN(test_every_setting_documented);
     RUN(test_secrets);
+    RUN(test_previous_secret);
+    RUN(test_diff_and_fit);
     return unit_finish();
 }

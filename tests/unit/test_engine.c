@@ -1,6 +1,7 @@
 /* test_engine.c -- the matching engine alone: park, match, settle, caps,
  * expiry, allocation failure, and a randomized check against a model. */
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -1095,8 +1096,12 @@ static int model_run(uint64_t seed, pl_order order, uint32_t max,
                 for (int k = 0; k < M_KEYS; k++) {
                     if (pick < m.n[k]) {
                         owner_t *o = m.q[k][pick];
-                        m_remove(&m, k, pick, PL_OUTCOME_DISCONNECT);
-                        pl_engine_settle(e, o->w, PL_OUTCOME_DISCONNECT);
+                        /* a client leaving, or (an upgrade) its socket
+                         * handed to a new process: the same exit */
+                        pl_outcome oc = variant & 1 ? PL_OUTCOME_HANDED_OVER
+                                                    : PL_OUTCOME_DISCONNECT;
+                        m_remove(&m, k, pick, oc);
+                        pl_engine_settle(e, o->w, oc);
                         break;
                     }
                     pick -= m.n[k];
@@ -1197,6 +1202,117 @@ static void test_pending_delivery(void)
     pl_engine_free(e);
 }
 
+
+/* ---- binary upgrade: hand-over between two engines; live options -------- */
+
+typedef struct {
+    pl_waiter_info info[16];
+    char ids[16][16];
+    char deps[16][16];
+    size_t n;
+} collected;
+
+static void collect(const pl_waiter_info *info, void *arg)
+{
+    collected *c = arg;
+
+    if (c->n >= 16)
+        return;
+    c->info[c->n] = *info;
+    snprintf(c->ids[c->n], 16, "%s", info->id);
+    snprintf(c->deps[c->n], 16, "%.*s", (int)info->key.deployment_len, info->key.deployment);
+    c->n++;
+}
+
+static int balanced_with_adopted(const pl_ledger *l)
+{
+    uint64_t sum = l->parked_now;
+
+    for (int i = 0; i < PL_OUTCOME__COUNT; i++)
+        sum += l->settled[i];
+    return sum == l->parked_total + l->adopted;
+}
+
+static void test_hand_over_between_engines(void)
+{
+    pl_engine *old = engine(PL_ORDER_FIFO, 0, 0, 100), *neu = engine(PL_ORDER_FIFO, 0, 0, 100);
+    owner_t a[5] = {{0}}, b[5] = {{0}};
+    const pl_key *keys[5] = {&KA, &KB, &KA, &KC, &KA};
+    char id[32];
+    collected c = {.n = 0};
+    int payload = 7;
+
+    for (int i = 0; i < 5; i++) {
+        snprintf(id, sizeof(id), "ctl-%d", i);
+        CHECK_EQ(park(old, keys[i], id, &a[i], 10 + (uint64_t)i), 0);
+    }
+    CHECK_EQ(pl_engine_each_waiter(old, collect, &c), 5);
+    for (size_t i = 0; i < c.n; i++) {
+        pl_key k = c.info[i].key;
+        snprintf(id, sizeof(id), "ctl-%zu", i);
+        CHECK_STR(c.ids[i], id); /* oldest first */
+        CHECK(c.info[i].owner == &a[i] && c.info[i].w == a[i].w);
+        CHECK_EQ(c.info[i].parked_at, 10 + i);
+        k.deployment = c.deps[i];
+        CHECK_EQ(pl_engine_adopt(neu, &k, c.ids[i], strlen(c.ids[i]), &b[i],
+                                 c.info[i].parked_at, &b[i].w), 0);
+    }
+    /* the same controller id cannot be adopted twice */
+    owner_t dup = {0};
+    CHECK_EQ(pl_engine_adopt(neu, &KA, "ctl-0", 5, &dup, 50, &dup.w), PL_EEXIST);
+    CHECK(dup.w == NULL && dup.calls == 0);
+    for (int i = 0; i < 5; i++)
+        pl_engine_settle(old, a[i].w, PL_OUTCOME_HANDED_OVER);
+    const pl_ledger *lo = pl_engine_ledger(old), *ln = pl_engine_ledger(neu);
+    CHECK_EQ(lo->parked_total, 5);
+    CHECK_EQ(lo->parked_now, 0);
+    CHECK_EQ(lo->settled[PL_OUTCOME_HANDED_OVER], 5);
+    CHECK(balanced_with_adopted(lo));
+    CHECK_EQ(ln->parked_total, 0);
+    CHECK_EQ(ln->adopted, 5);
+    CHECK_EQ(ln->parked_now, 5);
+    CHECK(balanced_with_adopted(ln));
+    for (int i = 0; i < 5; i++)
+        CHECK(a[i].calls == 1 && a[i].outcome == PL_OUTCOME_HANDED_OVER);
+    CHECK_EQ(pl_engine_waiting(neu, &KA), 3);
+    CHECK_EQ(pl_engine_key_count(neu), 3);
+    /* the queue order came along: fifo still gives the oldest */
+    CHECK_EQ(pl_engine_deliver(neu, &KA, &payload, 20, NULL), PL_DELIVERED);
+    CHECK(b[0].calls == 1 && b[0].outcome == PL_OUTCOME_MATCHED);
+    /* and the deadlines: parked at 11..14, timeout 100 */
+    uint64_t due = 0;
+    CHECK_EQ(pl_engine_next_deadline(neu, &due), 0);
+    CHECK_EQ(due, 111);
+    CHECK_EQ(pl_engine_expire(neu, 111), 1);
+    CHECK(b[1].outcome == PL_OUTCOME_TIMEOUT);
+    /* a parked_at older than the newest waiter's keeps the list sorted */
+    owner_t late = {0};
+    CHECK_EQ(pl_engine_adopt(neu, &KC, "ctl-late", 8, &late, 1, &late.w), 0);
+    pl_engine_free(neu); /* settles the rest as shutdown */
+    CHECK(late.calls == 1 && late.outcome == PL_OUTCOME_SHUTDOWN);
+    CHECK_EQ(pl_engine_adopt(old, &(pl_key){"", 0, "v", 1, 1, 1}, "x", 1, &late, 1, &late.w),
+             PL_EINVAL);
+    pl_engine_free(old);
+}
+
+static void test_set_opts_applies_from_the_next_park(void)
+{
+    pl_engine *e = engine(PL_ORDER_FIFO, 0, 3, 0);
+    owner_t o[4] = {{0}};
+    pl_engine_opts opts = {PL_ORDER_LIFO, 0, 1, 0, settle_cb};
+    int payload = 1;
+
+    CHECK_EQ(park(e, &KA, "a", &o[0], 1), 0);
+    CHECK_EQ(park(e, &KA, "b", &o[1], 2), 0);
+    pl_engine_set_opts(e, &opts);
+    CHECK(o[0].calls == 0 && o[1].calls == 0); /* a lower cap closes nothing */
+    CHECK_EQ(park(e, &KA, "c", &o[2], 3), PL_EREJECTED);
+    CHECK_EQ(o[2].outcome, PL_OUTCOME_REJECTED);
+    CHECK_EQ(pl_engine_deliver(e, &KA, &payload, 4, NULL), PL_DELIVERED);
+    CHECK(o[1].calls == 1 && o[0].calls == 0); /* lifo now: the newest */
+    pl_engine_free(e);
+}
+
 int main(void)
 {
     RUN(test_park_and_match);
@@ -1221,5 +1337,7 @@ int main(void)
     RUN(test_oom_park_replacing);
     RUN(test_outcome_names);
     RUN(test_model);
+    RUN(test_hand_over_between_engines);
+    RUN(test_set_opts_applies_from_the_next_park);
     return unit_finish();
 }

@@ -686,6 +686,29 @@ static void test_legacy_helpers(void)
 
 /* ---- jose vectors ------------------------------------------------------ */
 
+static void test_previous_secret(void)
+{
+    static char old_tok[8192];
+
+    fresh_verifier();
+    mint_with(EVP_sha256(), "retired-secret", HEADER, PAYLOAD, old_tok);
+    CHECK_INVALID(old_tok, "bad_signature");
+    CHECK_EQ(pl_token_verifier_set_previous(ver, (const unsigned char *)"retired-secret", 14),
+             0);
+    CHECK_EQ(pl_token_verifier_set_previous(ver, (const unsigned char *)"x", 1), -1);
+    memset(&claims, 0, sizeof(claims));
+    CHECK_EQ(verify(old_tok), PL_TOKEN_VALID);
+    CHECK_EQ(claims.previous, 1);
+    CHECK_EQ(verify(old_tok), PL_TOKEN_VALID); /* from the cache, still "previous" */
+    CHECK_EQ(claims.previous, 1);
+    CHECK_EQ(verify(mint(HEADER, PAYLOAD)), PL_TOKEN_VALID);
+    CHECK_EQ(claims.previous, 0);
+    mint_with(EVP_sha256(), "neither-secret", HEADER, PAYLOAD, old_tok);
+    CHECK_INVALID(old_tok, "bad_signature");
+    fresh_verifier();
+    CHECK_EQ(pl_token_verifier_set_previous(ver, (const unsigned char *)"", 0), -1);
+}
+
 static const char *result_name(pl_token_result r)
 {
     switch (r) {
@@ -812,6 +835,7 @@ int main(int argc, char **argv)
     RUN(test_cache_bound);
     RUN(test_out_of_memory);
     RUN(test_legacy_helpers);
+    RUN(test_previous_secret);
     pl_token_verifier_free(ver);
     return unit_finish();
 }
