@@ -141,6 +141,10 @@ int64_t lg_proc_cpu_ns(int pid);
 long lg_proc_rss_kb(int pid);
 /* CPU time of this process in nanoseconds. */
 int64_t lg_self_cpu_ns(void);
+/* Runs the loop for 200 ms and returns whether <pid> meanwhile used under
+ * 1 ms of CPU: quiet apart from periodic housekeeping (pilotlight samples
+ * its event-loop lag ten times a second). True when it cannot be read. */
+int lg_server_quiet(int pid);
 
 /* The /metrics ledger. */
 typedef struct {

@@ -73,7 +73,7 @@ static void idle_connect_more(void)
 }
 
 /* Waits until the server has parked <want> polls (by /metrics) or its CPU
- * time stood still for 200 ms. Returns parked_now or -1. */
+ * time all but stood still for 200 ms. Returns parked_now or -1. */
 static double settle(long want)
 {
   lg_ledger_t l;
@@ -82,11 +82,8 @@ static double settle(long want)
       if (lg_scrape(&l) == 0 && l.parked_now == (double)want)
         return l.parked_now;
       lg_run_for(0.1, NULL);
-    } else {
-      int64_t a = lg_proc_cpu_ns(opts->server_pid);
-      lg_run_for(0.2, NULL);
-      if (a < 0 || lg_proc_cpu_ns(opts->server_pid) == a)
-        return -1;
+    } else if (lg_server_quiet(opts->server_pid)) {
+      return -1;
     }
   }
   return opts->metrics && lg_scrape(&l) == 0 ? l.parked_now : -1;

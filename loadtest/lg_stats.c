@@ -105,6 +105,14 @@ int64_t lg_proc_cpu_ns(int pid)
   return (int64_t)((ut + st) * (1000000000ULL / (unsigned long long)hz));
 }
 
+int lg_server_quiet(int pid)
+{
+  int64_t a = lg_proc_cpu_ns(pid);
+  lg_run_for(0.2, NULL);
+  int64_t b = lg_proc_cpu_ns(pid);
+  return a < 0 || b < 0 || b - a < 1000000;
+}
+
 long lg_proc_rss_kb(int pid)
 {
   char path[64], line[256];

@@ -9,6 +9,7 @@
 #include <utlist.h>
 
 #include "pilotlight/broker.h"
+#include "pilotlight/lag.h"
 #include "pilotlight/log.h"
 #include "pilotlight/mem.h"
 #include "pilotlight/message.h"
@@ -16,7 +17,8 @@
 #include "pilotlight/pool.h"
 #include "pilotlight/token.h"
 
-#define METRICS_BUFFER_SIZE 16384
+#define METRICS_BUFFER_SIZE 32768
+#define LAG_PERIOD_MS 100 /* event-loop lag samples: ten a second */
 
 static const char json_type[] = "application/json";
 
@@ -68,6 +70,7 @@ struct pl_broker {
     pl_conn *taken_conn;      /* set by on_settle for a pending delivery */
     pl_waiter *taken_waiter;
     pl_metrics metrics;
+    pl_lag *lag;
     int draining, closing;
     size_t connect_len;
     char connect_body[96];
@@ -207,6 +210,7 @@ pl_broker *pl_broker_new(uv_loop_t *loop, const pl_config *cfg)
     uv_timer_init(loop, &b->timer);
     uv_timer_init(loop, &b->confirm_timer);
     b->confirm_timer.data = b;
+    b->lag = pl_lag_start(loop, &b->metrics.loop_lag, LAG_PERIOD_MS);
     return b;
 }
 
@@ -586,9 +590,15 @@ static void handle_metrics(pl_broker *b, pl_conn *c, const pl_request *req)
     b->metrics.max_waiters_per_key = b->cfg->max_waiters_per_key;
     b->metrics.max_connections = b->cfg->max_connections;
     b->metrics.connections_open = 0;
-    for (int i = 0; i < 2; i++)
-        if (b->https[i] != NULL)
-            b->metrics.connections_open += pl_http_connections(b->https[i]);
+    memset(b->metrics.refused, 0, sizeof(b->metrics.refused));
+    for (int i = 0; i < 2; i++) {
+        if (b->https[i] == NULL)
+            continue;
+        b->metrics.connections_open += pl_http_connections(b->https[i]);
+        for (unsigned r = 0; r < PL_HTTP_REFUSED__COUNT; r++)
+            b->metrics.refused[r] += pl_http_refused(b->https[i], r);
+    }
+    b->metrics.proc_ok = pl_proc_read(&b->metrics.proc) == 0;
     len = pl_metrics_render(&b->metrics, pl_engine_ledger(b->engine),
                             pl_engine_key_count(b->engine), b->metrics_buf,
                             sizeof(b->metrics_buf));
@@ -863,6 +873,7 @@ void pl_broker_stop(pl_broker *b)
 {
     uv_close((uv_handle_t *)&b->timer, NULL);
     uv_close((uv_handle_t *)&b->confirm_timer, NULL);
+    pl_lag_stop(b->lag);
 }
 
 void pl_broker_free(pl_broker *b)
@@ -871,5 +882,6 @@ void pl_broker_free(pl_broker *b)
         return;
     pl_engine_free(b->engine);
     pl_token_verifier_free(b->verifier);
+    pl_lag_free(b->lag);
     pl_free(b);
 }

@@ -1,5 +1,6 @@
 /* http.c -- HTTP/1.1 connections: parse, limit, time out, answer in order. */
 #include <errno.h>
+#include <fcntl.h>
 #include <malloc.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -28,6 +29,8 @@
 
 #define READ_BUFFER_SIZE 65536
 #define LINGER_MS 2000
+#define ACCEPT_BATCH 256    /* connections taken per wake-up, for fairness */
+#define ACCEPT_PAUSE_MS 100 /* after an accept error that would persist */
 /* Pool memory goes back to the system when the open connections fall to an
  * eighth of their peak since the last time (a new low), and that peak was
  * at least this: a handful of connections coming and going does not trim. */
@@ -75,8 +78,12 @@ struct pl_conn {
 
 enum { ACKS_OFF = 0, ACKS_ON, ACKS_REFUSED };
 
+/* Accepting is done here rather than by uv_listen(): at EMFILE libuv sheds
+ * the waiting connections without telling its caller, and they are counted
+ * here (see shed()). */
 typedef struct {
-    uv_tcp_t tcp; /* data stays NULL: close_walk() must not take it for a conn */
+    uv_poll_t poll; /* on fd, while listening */
+    int fd;         /* -1 once closed */
     pl_http *http;
 } listener;
 
@@ -98,6 +105,9 @@ struct pl_http {
     uint64_t nconns;
     uint64_t peak; /* most connections since memory was last trimmed */
     uint64_t last_accept_error;
+    uint64_t refused[PL_HTTP_REFUSED__COUNT];
+    int spare_fd;            /* given up to shed connections at EMFILE */
+    uv_timer_t accept_timer; /* resumes accepting after ACCEPT_PAUSE_MS */
     int listening, draining;
     void (*drained)(void *arg);
     void *drained_arg;
@@ -128,7 +138,7 @@ static void trim_cb(uv_prepare_t *prep);
 static void request_end(pl_conn *c);
 static void respond_own(pl_conn *c, int status, const char *msg);
 static listener *listener_new(pl_http *h);
-static int listener_start(listener *l, uint16_t *bound_port);
+static int listener_start(listener *l, int fd, uint16_t *bound_port);
 
 /* ---- timer lists ---- */
 
@@ -775,33 +785,109 @@ static void conn_start(pl_conn *c, uint8_t list)
         conn_close(c);
 }
 
-static void on_connection(uv_stream_t *server, int status)
+/* Takes the accepted socket <fd> as a new connection. */
+static void conn_open(pl_http *h, int fd)
 {
-    pl_http *h = container_of(server, listener, tcp)->http;
-    pl_conn *c;
+    pl_conn *c = pl_conn_get(h);
 
-    if (status < 0) {
-        /* Out of descriptors: libuv has already shed the pending
-         * connection, so this cannot spin. Say so once a second. */
-        uint64_t now = uv_now(h->loop);
-        if (now - h->last_accept_error >= 1000) {
-            h->last_accept_error = now;
-            PL_LOG(PL_LOG_WARN, "accept failed", "\"error\":\"%s\"", uv_strerror(status));
-        }
-        return;
-    }
-    c = pl_conn_get(h);
     if (c == NULL) {
         PL_LOG(PL_LOG_ERROR, "out of memory accepting a connection", NULL);
+        close(fd);
         return;
     }
-    if (uv_accept(server, (uv_stream_t *)&c->tcp) != 0) {
+    if (uv_tcp_open(&c->tcp, fd) != 0) {
+        close(fd);
         conn_close(c);
         return;
     }
     conn_start(c, TL_REQUEST);
-    if (!c->closing && (h->nconns > h->limits.max_connections || h->draining))
+    if (c->closing) {
+        return;
+    } else if (h->draining) {
         respond_own(c, 503, "too many connections");
+    } else if (h->nconns > h->limits.max_connections) {
+        h->refused[PL_HTTP_REFUSED_MAX_CONNECTIONS]++;
+        respond_own(c, 503, "too many connections");
+    }
+}
+
+static void accept_cb(uv_poll_t *p, int status, int events);
+
+static void accept_resume(uv_timer_t *t)
+{
+    pl_http *h = container_of(t, pl_http, accept_timer);
+
+    for (int i = 0; i < h->nlisteners && h->listening; i++)
+        if (h->listeners[i].fd >= 0)
+            uv_poll_start(&h->listeners[i].poll, UV_READABLE, accept_cb);
+}
+
+/* A listener stays readable while the cause lasts: wait instead of waking
+ * up for it again and again. */
+static void accept_pause(listener *l)
+{
+    uv_poll_stop(&l->poll);
+    uv_timer_start(&l->http->accept_timer, accept_resume, ACCEPT_PAUSE_MS, 0);
+}
+
+/* Out of descriptors with connections waiting. The spare descriptor is given
+ * up to accept each of them and close it at once: its client hears "no" now
+ * instead of hanging in the backlog, and the listener does not wake the loop
+ * again and again for connections it cannot take. With no spare to give
+ * (a system-wide shortage took it), accepting pauses briefly instead. */
+static void shed(listener *l, int cause)
+{
+    pl_http *h = l->http;
+    uint64_t now = uv_now(h->loop), before = h->refused[PL_HTTP_REFUSED_FD_LIMIT];
+    int fd, err = cause, n = 0;
+
+    if (h->spare_fd >= 0) {
+        close(h->spare_fd);
+        /* Bounded like accepting: what is left wakes the loop again. */
+        while (n++ < ACCEPT_BATCH &&
+               ((fd = accept4(l->fd, NULL, NULL, SOCK_CLOEXEC)) >= 0 ||
+                errno == EINTR || errno == ECONNABORTED)) {
+            if (fd >= 0) {
+                close(fd);
+                h->refused[PL_HTTP_REFUSED_FD_LIMIT]++;
+            }
+        }
+        err = n > ACCEPT_BATCH ? EAGAIN : errno;
+        h->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    }
+    if ((err != EAGAIN && err != EWOULDBLOCK) || h->spare_fd < 0)
+        accept_pause(l);
+    if (now - h->last_accept_error >= 1000) {
+        h->last_accept_error = now;
+        PL_LOG(PL_LOG_WARN, "out of file descriptors: connections refused",
+               "\"refused\":%llu,\"error\":\"%s\"",
+               (unsigned long long)(h->refused[PL_HTTP_REFUSED_FD_LIMIT] - before),
+               strerror(cause));
+    }
+}
+
+static void accept_cb(uv_poll_t *p, int status, int events)
+{
+    listener *l = container_of(p, listener, poll);
+
+    (void)events;
+    if (status < 0)
+        return;
+    for (int i = 0; i < ACCEPT_BATCH && l->http->listening; i++) {
+        int fd = accept4(l->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd >= 0) {
+            conn_open(l->http, fd);
+        } else if (errno == EMFILE || errno == ENFILE) {
+            shed(l, errno);
+            return;
+        } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            return; /* none left */
+        } else if (errno != EINTR && errno != ECONNABORTED && errno != EPROTO) {
+            PL_LOG(PL_LOG_WARN, "accept failed", "\"error\":\"%s\"", strerror(errno));
+            accept_pause(l); /* ENOMEM, ENOBUFS: a while may help */
+            return;
+        }
+    }
 }
 
 /* ---- adoption (a binary upgrade hands connections over) ---- */
@@ -831,25 +917,17 @@ pl_conn *pl_http_adopt(pl_http *h, int fd, int parked, int keep_alive)
 int pl_http_adopt_listener(pl_http *h, int fd, uint16_t *bound_port)
 {
     listener *l = listener_new(h);
-    int rc = l == NULL ? UV_ENOBUFS : uv_tcp_open(&l->tcp, fd);
 
-    if (rc != 0) {
-        if (l != NULL)
-            uv_close((uv_handle_t *)&l->tcp, NULL);
+    if (l == NULL) {
         close(fd);
-        return rc;
+        return UV_ENOBUFS;
     }
-    return listener_start(l, bound_port);
+    return listener_start(l, fd, bound_port);
 }
 
 int pl_http_listener_fd(const pl_http *h, int i)
 {
-    uv_os_fd_t fd;
-
-    return h->listening && i < h->nlisteners &&
-                   !uv_is_closing((const uv_handle_t *)&h->listeners[i].tcp) &&
-                   uv_fileno((const uv_handle_t *)&h->listeners[i].tcp, &fd) == 0
-               ? fd : -1;
+    return h->listening && i < h->nlisteners ? h->listeners[i].fd : -1;
 }
 
 int pl_http_listener_count(const pl_http *h)
@@ -924,14 +1002,15 @@ pl_http *pl_http_new(uv_loop_t *loop, const pl_http_limits *limits,
     h->cb = *cb;
     h->app = app;
     pl_http_set_limits(h, limits);
+    h->spare_fd = -1;
     uv_timer_init(loop, &h->timer);
+    uv_timer_init(loop, &h->accept_timer);
     uv_idle_init(loop, &h->resume);
     uv_prepare_init(loop, &h->trim);
     return h;
 }
 
-/* A new listener of <h>, its handle initialised; NULL when <h> has its
- * most. */
+/* A new listener slot of <h>; NULL when <h> has its most. */
 static listener *listener_new(pl_http *h)
 {
     listener *l;
@@ -939,26 +1018,34 @@ static listener *listener_new(pl_http *h)
     if (h->nlisteners == PL_HTTP_LISTENERS_MAX)
         return NULL;
     l = &h->listeners[h->nlisteners++];
-    uv_tcp_init(h->loop, &l->tcp);
+    l->fd = -1;
     l->http = h;
     return l;
 }
 
-/* <l>'s socket is bound: accept on it. Returns 0 and sets *bound_port, or
- * a negative libuv error (then <l> is closed; the others stay). */
-static int listener_start(listener *l, uint16_t *bound_port)
+/* Accepts on the listening socket <fd> from now on (it is <l>'s to close).
+ * Returns 0 and sets *bound_port, or a negative errno (as libuv's errors are
+ * on Unix); then <fd> is closed, the other listeners stay. */
+static int listener_start(listener *l, int fd, uint16_t *bound_port)
 {
+    pl_http *h = l->http;
     struct sockaddr_storage ss;
-    int len = sizeof(ss);
-    int rc = uv_listen((uv_stream_t *)&l->tcp, 4096, on_connection);
+    socklen_t len = sizeof(ss);
+    int rc;
 
-    if (rc == 0)
-        rc = uv_tcp_getsockname(&l->tcp, (struct sockaddr *)&ss, &len);
+    if (getsockname(fd, (struct sockaddr *)&ss, &len) != 0 || listen(fd, 4096) != 0)
+        rc = -errno;
+    else
+        rc = uv_poll_init_socket(h->loop, &l->poll, fd);
     if (rc != 0) {
-        uv_close((uv_handle_t *)&l->tcp, NULL);
+        close(fd);
         return rc;
     }
-    l->http->listening = 1;
+    l->fd = fd;
+    if (h->spare_fd < 0)
+        h->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    h->listening = 1;
+    uv_poll_start(&l->poll, UV_READABLE, accept_cb);
     *bound_port = ntohs(ss.ss_family == AF_INET
                             ? ((struct sockaddr_in *)&ss)->sin_port
                             : ((struct sockaddr_in6 *)&ss)->sin6_port);
@@ -969,24 +1056,44 @@ int pl_http_listen(pl_http *h, const struct sockaddr *addr, unsigned flags,
                    uint16_t *bound_port)
 {
     listener *l = listener_new(h);
-    int rc;
+    int fd, on = 1, v6only = (flags & UV_TCP_IPV6ONLY) != 0;
 
     if (l == NULL)
         return UV_ENOBUFS;
-    rc = uv_tcp_bind(&l->tcp, addr, flags);
-    if (rc != 0) {
-        uv_close((uv_handle_t *)&l->tcp, NULL);
-        return rc;
+    fd = socket(addr->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -errno;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
+    /* Set either way, as libuv does: [::] alone is dual-stack whatever the
+     * host's net.ipv6.bindv6only says. */
+    if (addr->sa_family == AF_INET6)
+        setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &v6only, sizeof(v6only));
+    if (bind(fd, addr, addr->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6)
+                                                   : sizeof(struct sockaddr_in)) != 0) {
+        int err = -errno;
+        close(fd);
+        return err;
     }
-    return listener_start(l, bound_port);
+    return listener_start(l, fd, bound_port);
 }
 
+/* Stops accepting and closes every listening socket, once. */
 static void close_listener(pl_http *h)
 {
     h->listening = 0;
-    for (int i = 0; i < h->nlisteners; i++)
-        if (!uv_is_closing((uv_handle_t *)&h->listeners[i].tcp))
-            uv_close((uv_handle_t *)&h->listeners[i].tcp, NULL);
+    for (int i = 0; i < h->nlisteners; i++) {
+        listener *l = &h->listeners[i];
+        if (l->fd < 0)
+            continue;
+        /* A failed start's walk may have closed the handle already. */
+        if (!uv_is_closing((uv_handle_t *)&l->poll))
+            uv_close((uv_handle_t *)&l->poll, NULL);
+        close(l->fd); /* safe at once: uv_close stopped polling it */
+        l->fd = -1;
+    }
+    if (h->spare_fd >= 0)
+        close(h->spare_fd);
+    h->spare_fd = -1;
 }
 
 void pl_http_drain(pl_http *h, void (*done)(void *arg), void *arg)
@@ -1024,6 +1131,7 @@ void pl_http_close_all(pl_http *h)
 void pl_http_stop(pl_http *h)
 {
     close_listener(h);
+    uv_close((uv_handle_t *)&h->accept_timer, NULL);
     uv_close((uv_handle_t *)&h->timer, NULL);
     uv_close((uv_handle_t *)&h->resume, NULL);
     uv_close((uv_handle_t *)&h->trim, NULL);
@@ -1031,6 +1139,8 @@ void pl_http_stop(pl_http *h)
 
 void pl_http_free(pl_http *h)
 {
+    if (h != NULL)
+        close_listener(h); /* a failed start closed its handles, not its sockets */
     pl_free(h); /* NULL is fine */
 }
 
@@ -1042,4 +1152,9 @@ int pl_http_listening(const pl_http *h)
 uint64_t pl_http_connections(const pl_http *h)
 {
     return h->nconns;
+}
+
+uint64_t pl_http_refused(const pl_http *h, unsigned reason)
+{
+    return reason < PL_HTTP_REFUSED__COUNT ? h->refused[reason] : 0;
 }

@@ -25,6 +25,12 @@ static const char *const confirm_method_names[PL_CONFIRM_BY__COUNT] = {
 static const char *const confirm_names[PL_CONFIRM__COUNT] = {
     "acked", "reset", "timeout", "redelivered",
 };
+/* From well under a scheduler tick to a stall nobody should tolerate. */
+static const double lag_bounds[] = {
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
+    0.025, 0.05, 0.1, 0.25, 0.5, 1,
+};
+
 static const char *const route_names[PL_ROUTE__COUNT] = {
     "other", "connect", "park", "dispatch", "healthz", "readyz", "metrics", "debug",
 };
@@ -40,6 +46,8 @@ void pl_metrics_init(pl_metrics *m)
     m->wait_seconds.nbounds = sizeof(wait_bounds) / sizeof(double);
     m->confirm_ack_seconds.bounds = ack_bounds;
     m->confirm_ack_seconds.nbounds = sizeof(ack_bounds) / sizeof(double);
+    m->loop_lag.bounds = lag_bounds;
+    m->loop_lag.nbounds = sizeof(lag_bounds) / sizeof(double);
 }
 
 void pl_metrics_observe(pl_histogram *h, double seconds)
@@ -127,6 +135,30 @@ static void emit_pools(out_t *o)
     }
 }
 
+/* The standard process collector's names and units. */
+static void emit_process(out_t *o, const pl_proc_stats *p)
+{
+    emit(o, "# HELP process_cpu_seconds_total Total user and system CPU time spent in seconds.\n"
+            "# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total %.9g\n",
+         p->cpu_seconds);
+    emit(o, "# HELP process_resident_memory_bytes Resident memory size in bytes.\n"
+            "# TYPE process_resident_memory_bytes gauge\nprocess_resident_memory_bytes %llu\n",
+         (unsigned long long)p->resident_bytes);
+    emit(o, "# HELP process_virtual_memory_bytes Virtual memory size in bytes.\n"
+            "# TYPE process_virtual_memory_bytes gauge\nprocess_virtual_memory_bytes %llu\n",
+         (unsigned long long)p->virtual_bytes);
+    emit(o, "# HELP process_open_fds Number of open file descriptors.\n"
+            "# TYPE process_open_fds gauge\nprocess_open_fds %llu\n",
+         (unsigned long long)p->open_fds);
+    if (p->max_fds > 0)
+        emit(o, "# HELP process_max_fds Maximum number of open file descriptors.\n"
+                "# TYPE process_max_fds gauge\nprocess_max_fds %llu\n",
+             (unsigned long long)p->max_fds);
+    emit(o, "# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.\n"
+            "# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds %.3f\n",
+         p->start_time_seconds);
+}
+
 size_t pl_metrics_render(const pl_metrics *m, const pl_ledger *l, size_t keys,
                          char *buf, size_t cap)
 {
@@ -169,6 +201,16 @@ size_t pl_metrics_render(const pl_metrics *m, const pl_ledger *l, size_t keys,
                    &m->dispatch_seconds);
     emit_histogram(&o, "pilotlight_wait_duration_seconds",
                    "How long matched polls were parked.", &m->wait_seconds);
+    emit_histogram(&o, "pilotlight_event_loop_lag_seconds",
+                   "How late the event loop ran work it had scheduled.", &m->loop_lag);
+    emit(&o, "# HELP pilotlight_connections_refused_total Connections refused, by reason.\n"
+             "# TYPE pilotlight_connections_refused_total counter\n"
+             "pilotlight_connections_refused_total{reason=\"max_connections\"} %llu\n"
+             "pilotlight_connections_refused_total{reason=\"fd_limit\"} %llu\n",
+         (unsigned long long)m->refused[0], (unsigned long long)m->refused[1]);
+    emit(&o, "# HELP pilotlight_build_info The running version.\n"
+             "# TYPE pilotlight_build_info gauge\n"
+             "pilotlight_build_info{version=\"%s\"} 1\n", PL_VERSION);
     emit(&o, "# HELP pilotlight_adopted_total Parked polls taken over from an older process "
              "(binary upgrade); the ledger is parked_now + settled == parked_total + adopted.\n"
              "# TYPE pilotlight_adopted_total counter\npilotlight_adopted_total %llu\n",
@@ -213,5 +255,7 @@ size_t pl_metrics_render(const pl_metrics *m, const pl_ledger *l, size_t keys,
     emit_histogram(&o, "pilotlight_confirm_ack_seconds",
                    "Time from writing a payload to its ACK report.", &m->confirm_ack_seconds);
     emit_pools(&o);
+    if (m->proc_ok)
+        emit_process(&o, &m->proc);
     return o.overflow ? 0 : o.len;
 }

@@ -84,7 +84,7 @@ PL_VALGRIND_BIN="$root/build/pilotlight" PL_VALGRIND_LOGS="$out/valgrind" \
     blackbox "$root/tests/valgrind-wrap.sh" valgrind \
     --ignore=tests/blackbox/test_compat.py --ignore=tests/blackbox/test_haproxy.py \
     --ignore=tests/blackbox/test_deploy.py --ignore=tests/blackbox/test_token_vectors.py \
-    --ignore=tests/blackbox/test_loadtest_smoke.py \
+    --ignore=tests/blackbox/test_loadtest_smoke.py --ignore=tests/blackbox/test_prometheus.py \
     --ignore=tests/blackbox/test_k6_smoke.py --ignore=tests/blackbox/test_compose.py
 find "$out/valgrind" -name 'vg.*.log' -size +0 -exec sh -c 'echo "== $1"; head -40 "$1"' _ {} \;
 

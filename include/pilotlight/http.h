@@ -76,6 +76,13 @@ void pl_http_free(pl_http *h);
 
 uint64_t pl_http_connections(const pl_http *h);
 
+/* Why connections were refused: over max_connections (answered 503), or
+ * out of file descriptors (EMFILE/ENFILE: accepted and closed at once). */
+enum { PL_HTTP_REFUSED_MAX_CONNECTIONS = 0, PL_HTTP_REFUSED_FD_LIMIT, PL_HTTP_REFUSED__COUNT };
+
+/* Connections refused for <reason> since start. */
+uint64_t pl_http_refused(const pl_http *h, unsigned reason);
+
 /* Whether a pl_http_listen() succeeded and the listeners are open. */
 int pl_http_listening(const pl_http *h);
 

@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "pilotlight/engine.h"
+#include "pilotlight/proc.h"
 
 typedef enum {
     PL_ROUTE_OTHER = 0,
@@ -62,6 +63,11 @@ typedef struct {
     uint64_t connections_open;
     pl_histogram dispatch_seconds; /* dispatch request handling time */
     pl_histogram wait_seconds;     /* how long matched waiters were parked */
+    pl_histogram loop_lag;         /* event-loop lag (lag.h) */
+    uint64_t refused[2];           /* connections refused: over max_connections,
+                                    * out of descriptors (pl_http_refused) */
+    pl_proc_stats proc;            /* read at scrape time */
+    int proc_ok;                   /* 0 when /proc could not be read */
     uint64_t token_secret[2];       /* valid tokens: current, previous secret */
     uint64_t reloads[2];            /* SIGHUP reloads: ok, error */
     uint64_t max_waiters, max_waiters_per_key, max_connections; /* in effect */

@@ -472,13 +472,13 @@ def check_sanitizers(text, what="pilotlight"):
 
 
 class Server:
-    def __init__(self, args=(), env=None, listen=True):
+    def __init__(self, args=(), env=None, listen=True, preexec_fn=None):
         self.args = [BIN] + (["--listen", f"{HOST}:0"] if listen else []) + list(args)
         self.errf = tempfile.TemporaryFile()
         self.outf = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(self.args, stdin=subprocess.DEVNULL,
                                      stdout=self.outf, stderr=self.errf,
-                                     env=clean_env(env))
+                                     env=clean_env(env), preexec_fn=preexec_fn)
         self.port = None
         self.address = None
         self.conns = []
