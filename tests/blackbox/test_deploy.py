@@ -331,11 +331,15 @@ def test_haproxy_config_uses_the_binary_defaults():
     assert len(servers) == 3 and all(port_of(s) == port for s in servers)
     assert re.search(r"^\s+option httpchk GET /readyz$", text, re.M)
     # Proxy timeouts outlast the server's park timeout (a 504 would make a
-    # real controller exit).
+    # real controller exit): the client timeout does, and a parked poll has
+    # no server timeout at all (it costs a timer per poll); every other
+    # request gets one of its own.
     park_ms = int(binary_defaults()["park_timeout_ms"])
-    for side in ("client", "server"):
-        t = re.search(rf"^\s+timeout {side} (\d+)s$", text, re.M)
-        assert t and int(t.group(1)) * 1000 > park_ms, side
+    t = re.search(r"^\s+timeout client (\d+)s$", text, re.M)
+    assert t and int(t.group(1)) * 1000 > park_ms
+    assert not re.search(r"^\s+timeout server ", text, re.M)
+    assert re.search(r"^\s+http-request set-timeout server \d+s "
+                     r"unless \{ method GET \} \{ path /warm-start \}$", text, re.M)
 
 
 @pytest.mark.parametrize("script,shell", [
