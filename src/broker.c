@@ -40,9 +40,14 @@ struct confirm {
     unsigned in_grace : 1;
     unsigned polling : 1;  /* this controller gives no ACK reports */
     pl_message msg;        /* views into data[] */
-    size_t size;           /* for pl_pool_free() */
     char data[];
 };
+
+/* A record's bytes: its payload and key strings follow it. */
+static size_t confirm_size(const pl_message *m)
+{
+    return sizeof(confirm) + m->payload_len + m->key.deployment_len + m->key.version_len;
+}
 
 /* An attempt lasts at least this long before the run moves on to another
  * poll: above Linux's shortest delayed ACK (40 ms), so a live controller
@@ -362,6 +367,15 @@ static void confirm_learn(pl_broker *b, uint64_t ns)
     b->ack_srtt_ns = (7 * b->ack_srtt_ns + ns) / 8;
 }
 
+/* When an attempt starting at <now> runs out: its budget, within <rec>'s
+ * deadline. */
+static uint64_t attempt_due(const pl_broker *b, const confirm *rec, uint64_t now)
+{
+    uint64_t due = now + confirm_budget(b);
+
+    return due < rec->deadline ? due : rec->deadline;
+}
+
 /* Takes the pending delivery on_settle just left into <rec>: a new attempt,
  * watched by the controller's ACK report where it gives one. */
 static void confirm_attach(pl_broker *b, confirm *rec, uint64_t now)
@@ -371,9 +385,7 @@ static void confirm_attach(pl_broker *b, confirm *rec, uint64_t now)
     pl_conn_set_data(rec->controller, rec, DATA_CONFIRM);
     rec->sent_ns = uv_hrtime();
     rec->polling = pl_conn_expect_ack(rec->controller) != 0;
-    rec->due = rec->in_grace ? rec->deadline : now + confirm_budget(b);
-    if (rec->due > rec->deadline)
-        rec->due = rec->deadline;
+    rec->due = rec->in_grace ? rec->deadline : attempt_due(b, rec, now);
     confirm_arm(b, rec->polling ? now + 1 : rec->due);
 }
 
@@ -394,7 +406,7 @@ static void confirm_finish(pl_broker *b, confirm *rec, int delivered)
     DL_DELETE(b->confirms, rec);
     if (b->confirms == NULL)
         uv_timer_stop(&b->confirm_timer);
-    pl_pool_free(rec, rec->size);
+    pl_pool_free(rec, confirm_size(&rec->msg));
 }
 
 static void confirm_acked(pl_broker *b, confirm *rec, pl_confirm_method how)
@@ -438,11 +450,9 @@ static void confirm_fail(pl_broker *b, confirm *rec, uint64_t now, pl_confirm_ou
  * it does. */
 static int confirm_extend(pl_broker *b, confirm *rec, uint64_t now)
 {
-    uint64_t due = now + confirm_budget(b);
-
     if (now >= rec->deadline || pl_engine_waiting(b->engine, &rec->msg.key) > 0)
         return 0;
-    rec->due = due < rec->deadline ? due : rec->deadline;
+    rec->due = attempt_due(b, rec, now);
     return 1;
 }
 
@@ -460,7 +470,9 @@ static void confirm_check(pl_broker *b, confirm *rec, uint64_t now, int closing)
         confirm_acked(b, rec, PL_CONFIRM_BY_POLL);
         return;
     }
-    if (state == 0 && !closing && (now < rec->due || confirm_extend(b, rec, now)))
+    /* Only a polled controller gets here with its attempt not yet judged. */
+    if (state == 0 && rec->polling && !closing &&
+        (now < rec->due || confirm_extend(b, rec, now)))
         return;
     confirm_fail(b, rec, now, state < 0 || closing ? PL_CONFIRM_RESET : PL_CONFIRM_TIMEOUT);
 }
@@ -501,12 +513,10 @@ static void confirm_on_acked(pl_broker *b, confirm *rec)
 /* The delivery on_settle left pending becomes a confirmation record; the
  * dispatcher's answer waits for it. */
 static void confirm_start(pl_broker *b, pl_conn *dispatcher, const pl_message *m,
-                          uint64_t waited_ms, uint64_t start_ns)
+                          uint64_t now, uint64_t waited_ms, uint64_t start_ns)
 {
     size_t dl = m->key.deployment_len, vl = m->key.version_len;
-    size_t size = sizeof(confirm) + m->payload_len + dl + vl;
-    confirm *rec = pl_pool_alloc(size, NULL);
-    uint64_t now = uv_now(b->loop);
+    confirm *rec = pl_pool_alloc(confirm_size(m), NULL);
 
     if (rec == NULL) {
         /* Written but cannot be watched: answer as delivery = written. */
@@ -515,7 +525,6 @@ static void confirm_start(pl_broker *b, pl_conn *dispatcher, const pl_message *m
         return;
     }
     memset(rec, 0, sizeof(*rec));
-    rec->size = size;
     memcpy(rec->data, m->payload, m->payload_len);
     memcpy(rec->data + m->payload_len, m->key.deployment, dl);
     memcpy(rec->data + m->payload_len + dl, m->key.version, vl);
@@ -535,7 +544,7 @@ static void confirm_start(pl_broker *b, pl_conn *dispatcher, const pl_message *m
 
 static void handle_dispatch(pl_broker *b, pl_conn *c, const pl_request *req)
 {
-    uint64_t start = uv_hrtime(), waited_ms = 0;
+    uint64_t start = uv_hrtime(), now, waited_ms = 0;
     const char *err = NULL;
     pl_message m;
     int rc;
@@ -550,9 +559,10 @@ static void handle_dispatch(pl_broker *b, pl_conn *c, const pl_request *req)
         reply_error(c, 503, "out of memory");
         return;
     }
-    rc = pl_engine_deliver(b->engine, &m.key, &m, uv_now(b->loop), &waited_ms);
+    now = uv_now(b->loop);
+    rc = pl_engine_deliver(b->engine, &m.key, &m, now, &waited_ms);
     if (rc == PL_DELIVERY_PENDING)
-        confirm_start(b, c, &m, waited_ms, start);
+        confirm_start(b, c, &m, now, waited_ms, start);
     else
         answer_dispatch(b, c, rc == PL_DELIVERED, waited_ms, start);
     pl_message_release(&m);
@@ -884,4 +894,10 @@ void pl_broker_free(pl_broker *b)
     pl_token_verifier_free(b->verifier);
     pl_lag_free(b->lag);
     pl_free(b);
+}
+
+const char *pl_broker_serves_name(unsigned serves)
+{
+    return serves == PL_SERVE_DISPATCH ? "dispatch"
+           : serves == PL_SERVE_CONTROLLERS ? "controllers" : "all";
 }

@@ -209,7 +209,7 @@ static int on_headers_complete(llhttp_t *p)
     h->head = p->method == HTTP_HEAD;
     if (p->http_major != 1) /* "GET /path" alone is HTTP/0.9 to llhttp */
         return fail(h, 400, "request line without HTTP/1.x version");
-    if (p->http_major == 1 && p->http_minor >= 1 && !(h->seen & (1u << PL_HDR_HOST)))
+    if (p->http_minor >= 1 && !(h->seen & (1u << PL_HDR_HOST)))
         return fail(h, 400, "missing Host header");
     if ((h->seen & (1u << PL_HDR_HOST)) && !host_valid(h))
         return fail(h, 400, "invalid Host header");

@@ -153,15 +153,16 @@ static void list_remove(pl_conn *c)
 static void list_add(pl_conn *c, uint8_t which)
 {
     pl_http *h = conn_http(c);
+    uint64_t now = uv_now(h->loop);
 
     list_remove(c);
     c->list = which;
-    c->since = (uint32_t)uv_now(h->loop);
+    c->since = (uint32_t)now;
     DL_APPEND2(h->lists[which], c, lprev, lnext);
     if (which == TL_RESUME)
         uv_idle_start(&h->resume, resume_cb);
     else
-        timer_arm(h, uv_now(h->loop) + h->timeouts[which]);
+        timer_arm(h, now + h->timeouts[which]);
 }
 
 static void expire_one(pl_conn *c)
@@ -174,6 +175,14 @@ static void expire_one(pl_conn *c)
         conn_close(c);
 }
 
+/* When list <i>'s head (there is one) is due, seen at <now>. */
+static uint64_t list_due(const pl_http *h, int i, uint64_t now)
+{
+    uint64_t waited = (uint32_t)now - h->lists[i]->since;
+
+    return waited < h->timeouts[i] ? now + h->timeouts[i] - waited : now;
+}
+
 static void timer_cb(uv_timer_t *t)
 {
     pl_http *h = container_of(t, pl_http, timer);
@@ -184,8 +193,8 @@ static void timer_cb(uv_timer_t *t)
         pl_conn **head = &h->lists[i];
         while (*head && (uint32_t)now - (*head)->since >= h->timeouts[i])
             expire_one(*head); /* always leaves the list */
-        if (*head && now + h->timeouts[i] - ((uint32_t)now - (*head)->since) < next)
-            next = now + h->timeouts[i] - ((uint32_t)now - (*head)->since);
+        if (*head && list_due(h, i, now) < next)
+            next = list_due(h, i, now);
     }
     if (next != UINT64_MAX)
         timer_arm(h, next);
@@ -563,9 +572,10 @@ static void conn_take_ack_report(pl_conn *c)
             continue;
         /* Offsets wrap at 2^32; a report at or past the wanted one covers it. */
         if (c->ack_waiting && (int32_t)(ee->ee_data - c->ack_want) >= 0) {
+            pl_http *h = conn_http(c);
             c->ack_waiting = 0;
-            if (conn_http(c)->cb.on_acked)
-                conn_http(c)->cb.on_acked(conn_http(c)->app, c);
+            if (h->cb.on_acked)
+                h->cb.on_acked(h->app, c);
         }
     }
 }
@@ -636,17 +646,28 @@ static void trim_cb(uv_prepare_t *prep)
            (unsigned long long)h->nconns);
 }
 
-pl_conn *pl_conn_get(pl_http *h)
+/* "A connection" on the socket <fd> (accepted or adopted): one from the
+ * connection pool, counted as open, not yet reading. It goes back to the
+ * pool in its close callback. NULL, with <fd> closed, when out of memory or
+ * when libuv refuses the socket. */
+static pl_conn *conn_from_fd(pl_http *h, int fd)
 {
     pl_conn *c = pl_pool_get(&conn_pool);
 
-    if (c == NULL)
+    if (c == NULL) {
+        close(fd);
         return NULL;
+    }
     memset(c, 0, sizeof(*c));
     uv_tcp_init(h->loop, &c->tcp);
     c->tcp.data = h; /* its server; also marks it as ours for close_walk() */
     if (++h->nconns > h->peak)
         h->peak = h->nconns;
+    if (uv_tcp_open(&c->tcp, fd) != 0) {
+        close(fd);
+        conn_close(c);
+        return NULL;
+    }
     return c;
 }
 
@@ -788,16 +809,10 @@ static void conn_start(pl_conn *c, uint8_t list)
 /* Takes the accepted socket <fd> as a new connection. */
 static void conn_open(pl_http *h, int fd)
 {
-    pl_conn *c = pl_conn_get(h);
+    pl_conn *c = conn_from_fd(h, fd);
 
     if (c == NULL) {
-        PL_LOG(PL_LOG_ERROR, "out of memory accepting a connection", NULL);
-        close(fd);
-        return;
-    }
-    if (uv_tcp_open(&c->tcp, fd) != 0) {
-        close(fd);
-        conn_close(c);
+        PL_LOG(PL_LOG_ERROR, "cannot take an accepted connection (out of memory)", NULL);
         return;
     }
     conn_start(c, TL_REQUEST);
@@ -894,17 +909,10 @@ static void accept_cb(uv_poll_t *p, int status, int events)
 
 pl_conn *pl_http_adopt(pl_http *h, int fd, int parked, int keep_alive)
 {
-    pl_conn *c = pl_conn_get(h);
+    pl_conn *c = conn_from_fd(h, fd);
 
-    if (c == NULL) {
-        close(fd);
+    if (c == NULL)
         return NULL;
-    }
-    if (uv_tcp_open(&c->tcp, fd) != 0) {
-        close(fd);
-        conn_close(c);
-        return NULL;
-    }
     c->pending = parked != 0;
     c->tuned = parked != 0; /* the socket options came with the socket */
     conn_start(c, parked ? TL_NONE : TL_IDLE);
@@ -981,13 +989,9 @@ void pl_http_set_limits(pl_http *h, const pl_http_limits *limits)
     h->max_queued = 2 * (size_t)limits->max_body_bytes + 65536;
     /* Every member of a list gets the list's new timeout: the lists stay
      * sorted, only the timer may now be due earlier. */
-    for (int i = TL_REQUEST; i <= TL_LINGER; i++) {
-        uint64_t now = uv_now(h->loop), waited;
-        if (h->lists[i] == NULL)
-            continue;
-        waited = (uint32_t)now - h->lists[i]->since;
-        timer_arm(h, waited < h->timeouts[i] ? now + h->timeouts[i] - waited : now);
-    }
+    for (int i = TL_REQUEST; i <= TL_LINGER; i++)
+        if (h->lists[i] != NULL)
+            timer_arm(h, list_due(h, i, uv_now(h->loop)));
 }
 
 pl_http *pl_http_new(uv_loop_t *loop, const pl_http_limits *limits,
@@ -1142,11 +1146,6 @@ void pl_http_free(pl_http *h)
     if (h != NULL)
         close_listener(h); /* a failed start closed its handles, not its sockets */
     pl_free(h); /* NULL is fine */
-}
-
-int pl_http_listening(const pl_http *h)
-{
-    return h->listening;
 }
 
 uint64_t pl_http_connections(const pl_http *h)

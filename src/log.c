@@ -5,6 +5,10 @@
 #include <string.h>
 #include <time.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include "pilotlight/log.h"
 
 pl_log_level pl_log_threshold = PL_LOG_INFO;
@@ -102,4 +106,20 @@ void pl_log_write(pl_log_level level, const char *msg, const char *fields, ...)
     line[n++] = '}';
     line[n++] = '\n';
     fwrite(line, 1, (size_t)n, stderr);
+}
+
+void pl_log_address(char *out, size_t cap, const struct sockaddr *sa, unsigned port)
+{
+    char ip[INET6_ADDRSTRLEN] = "?";
+
+    if (sa->sa_family == AF_INET6) {
+        inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)(const void *)sa)->sin6_addr, ip,
+                  sizeof(ip));
+        snprintf(out, cap, "[%s]:%u", ip, port);
+    } else {
+        if (sa->sa_family == AF_INET)
+            inet_ntop(AF_INET, &((const struct sockaddr_in *)(const void *)sa)->sin_addr, ip,
+                      sizeof(ip));
+        snprintf(out, cap, "%s:%u", ip, port);
+    }
 }

@@ -112,7 +112,7 @@ static const struct {
 
 typedef struct {
     out_t *o;
-    int family;
+    size_t family;
 } pool_out;
 
 static void emit_pool(const pl_pool *p, void *arg)
@@ -127,7 +127,7 @@ static void emit_pool(const pl_pool *p, void *arg)
 
 static void emit_pools(out_t *o)
 {
-    for (int f = 0; f < 4; f++) {
+    for (size_t f = 0; f < sizeof(pool_families) / sizeof(pool_families[0]); f++) {
         pool_out po = {o, f};
         emit(o, "# HELP %s %s\n# TYPE %s %s\n", pool_families[f].name, pool_families[f].help,
              pool_families[f].name, pool_families[f].type);

@@ -58,11 +58,6 @@ static size_t stride(const pl_pool *p)
     return (p->size + 7) & ~(size_t)7; /* pointer alignment is all they need */
 }
 
-static uint32_t per_chunk(const pl_pool *p)
-{
-    return (uint32_t)((PL_POOL_CHUNK_SIZE - HEADER_SIZE) / stride(p));
-}
-
 static char *object_at(pl_pool_chunk *c, const pl_pool *p, uint32_t i)
 {
     return (char *)c + HEADER_SIZE + (size_t)i * stride(p);
@@ -107,6 +102,7 @@ static pl_pool_chunk *chunk_new(pl_pool *p)
     p->chunks++;
     if (!p->registered) {
         p->registered = 1;
+        p->per_chunk = (uint32_t)((PL_POOL_CHUNK_SIZE - HEADER_SIZE) / stride(p));
         p->next = registry;
         registry = p;
     }
@@ -133,7 +129,7 @@ void *pl_pool_get(pl_pool *p)
     }
     UNPOISON(obj, p->size);
     VALGRIND_MAKE_MEM_UNDEFINED(obj, p->size);
-    if (++c->used == per_chunk(p)) {
+    if (++c->used == p->per_chunk) {
         DL_DELETE(p->avail, c);
         DL_PREPEND(p->full, c);
     }
@@ -148,7 +144,7 @@ void pl_pool_put(pl_pool *p, void *obj)
     if (obj == NULL)
         return;
     c = (pl_pool_chunk *)((uintptr_t)obj & ~(uintptr_t)(PL_POOL_CHUNK_SIZE - 1));
-    if (c->used-- == per_chunk(p)) {
+    if (c->used-- == p->per_chunk) {
         DL_DELETE(p->full, c);
         DL_PREPEND(p->avail, c);
     }

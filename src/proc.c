@@ -22,15 +22,21 @@ static ssize_t read_file(const char *path, char *buf, size_t cap)
     return (ssize_t)n;
 }
 
-/* The boot time (btime in /proc/stat), seconds since the epoch. */
+/* The boot time (btime in /proc/stat), seconds since the epoch; read once,
+ * as it does not change. */
 static int boot_time(double *out)
 {
+    static double btime = -1;
     char buf[8192];
     const char *p;
 
-    if (read_file("/proc/stat", buf, sizeof(buf)) < 0 || (p = strstr(buf, "\nbtime ")) == NULL)
-        return -1;
-    *out = strtod(p + 7, NULL);
+    if (btime < 0) {
+        if (read_file("/proc/stat", buf, sizeof(buf)) < 0 ||
+            (p = strstr(buf, "\nbtime ")) == NULL)
+            return -1;
+        btime = strtod(p + 7, NULL);
+    }
+    *out = btime;
     return 0;
 }
 

@@ -110,20 +110,6 @@ static void on_signal(uv_signal_t *sig, int signum)
     }
 }
 
-/* "1.2.3.4:80" or "[::1]:80" for <sa> with <port>, into <out>. */
-static void format_address(const struct sockaddr *sa, uint16_t port, char *out, size_t len)
-{
-    char ip[INET6_ADDRSTRLEN] = "?";
-
-    if (sa->sa_family == AF_INET6) {
-        uv_ip6_name((const struct sockaddr_in6 *)(const void *)sa, ip, sizeof(ip));
-        snprintf(out, len, "[%s]:%u", ip, port);
-    } else {
-        uv_ip4_name((const struct sockaddr_in *)(const void *)sa, ip, sizeof(ip));
-        snprintf(out, len, "%s:%u", ip, port);
-    }
-}
-
 static void set_port(struct sockaddr *sa, uint16_t port)
 {
     if (sa->sa_family == AF_INET6)
@@ -202,7 +188,7 @@ static int listen_all(server *s, pl_http *h, const pl_listen_addr *addr, const c
                             list->ai_next != NULL && ai->ai_family == AF_INET6
                                 ? UV_TCP_IPV6ONLY : 0,
                             &port);
-        format_address(ai->ai_addr, port, where, sizeof(where));
+        pl_log_address(where, sizeof(where), ai->ai_addr, port);
         if (rc == UV_EADDRNOTAVAIL || rc == UV_EAFNOSUPPORT) {
             PL_LOG(PL_LOG_WARN, "address not available here, skipped",
                    "\"host\":\"%s\",\"address\":\"%s\",\"error\":\"%s\"",
@@ -378,10 +364,7 @@ static pl_http *new_http(server *s, unsigned serves)
 /* Listens with <h> on every address of <addr>. Returns 0, or -1 (logged). */
 static int listen_on(server *s, pl_http *h, const pl_listen_addr *addr, unsigned serves)
 {
-    const char *role = serves == PL_SERVE_DISPATCH ? "dispatch"
-                       : serves == PL_SERVE_CONTROLLERS ? "controllers" : "all";
-
-    if (listen_all(s, h, addr, role) != 0) {
+    if (listen_all(s, h, addr, pl_broker_serves_name(serves)) != 0) {
         pl_http_stop(h);
         return -1;
     }

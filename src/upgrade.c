@@ -6,7 +6,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/time.h>
@@ -42,9 +41,8 @@ static void handle_closed(uv_handle_t *h)
     }
 }
 
-static void close_handle(pl_upgrade *u, uv_handle_t *h)
+static void close_handle(uv_handle_t *h)
 {
-    (void)u;
     if (!uv_is_closing(h))
         uv_close(h, handle_closed);
 }
@@ -63,12 +61,12 @@ static void finish(pl_upgrade *u, int ok, const char *why)
         PL_LOG(PL_LOG_ERROR, "upgrade failed: still serving", "\"error\":\"%s\"", why);
     close(u->sock);
     u->sock = -1;
-    close_handle(u, (uv_handle_t *)&u->poll);
-    close_handle(u, (uv_handle_t *)&u->timer);
+    close_handle((uv_handle_t *)&u->poll);
+    close_handle((uv_handle_t *)&u->timer);
     if (!ok && !u->exited)
         uv_process_kill(&u->proc, SIGKILL); /* its exit closes the handle */
     else
-        close_handle(u, (uv_handle_t *)&u->proc); /* the new process lives on */
+        close_handle((uv_handle_t *)&u->proc); /* the new process lives on */
     u->o.done(u->o.arg, ok);
 }
 
@@ -86,7 +84,7 @@ static void on_child_exit(uv_process_t *p, int64_t status, int signo)
     snprintf(why, sizeof(why), "the new process exited (status %lld, signal %d) "
              "before taking over", (long long)status, signo);
     finish(u, 0, why);
-    close_handle(u, (uv_handle_t *)p);
+    close_handle((uv_handle_t *)p);
 }
 
 static void on_timeout(uv_timer_t *t)
@@ -365,31 +363,17 @@ static pl_http *http_for(const adoption *a, unsigned serves)
     return NULL;
 }
 
-static void log_listening(int fd, unsigned serves)
+static void log_listening(int fd, unsigned port, unsigned serves)
 {
-    struct sockaddr_storage ss;
+    struct sockaddr_storage ss = {.ss_family = AF_UNSPEC};
     socklen_t len = sizeof(ss);
-    char host[64] = "?";
-    unsigned port = 0;
+    char where[INET6_ADDRSTRLEN + 8];
 
-    if (getsockname(fd, (struct sockaddr *)&ss, &len) == 0) {
-        const struct sockaddr_in *in4 = (const struct sockaddr_in *)&ss;
-        const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)&ss;
-        if (ss.ss_family == AF_INET6) {
-            inet_ntop(AF_INET6, &in6->sin6_addr, host + 1, sizeof(host) - 2);
-            host[0] = '[';
-            strcat(host, "]");
-            port = ntohs(in6->sin6_port);
-        } else {
-            inet_ntop(AF_INET, &in4->sin_addr, host, sizeof(host));
-            port = ntohs(in4->sin_port);
-        }
-    }
+    getsockname(fd, (struct sockaddr *)&ss, &len);
+    pl_log_address(where, sizeof(where), (const struct sockaddr *)&ss, port);
     PL_LOG(PL_LOG_INFO, "listening",
-           "\"address\":\"%s:%u\",\"serves\":\"%s\",\"version\":\"" PL_VERSION
-           "\",\"adopted\":true", host, port,
-           serves == PL_SERVE_DISPATCH ? "dispatch"
-           : serves == PL_SERVE_CONTROLLERS ? "controllers" : "all");
+           "\"address\":\"%s\",\"serves\":\"%s\",\"version\":\"" PL_VERSION
+           "\",\"adopted\":true", where, pl_broker_serves_name(serves));
 }
 
 /* Adopts one record; its descriptor is consumed either way. Returns NULL,
@@ -408,7 +392,7 @@ static const char *adopt_one(adoption *a, const pl_handover_rec *r)
     case PL_HO_LISTENER:
         if (pl_http_adopt_listener(h, r->fd, &port) != 0)
             return "a listening socket was refused";
-        log_listening(r->fd, r->serves);
+        log_listening(r->fd, port, r->serves);
         a->listeners++;
         return NULL;
     case PL_HO_PARKED:

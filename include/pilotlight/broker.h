@@ -22,6 +22,9 @@ pl_broker *pl_broker_new(uv_loop_t *loop, const pl_config *cfg);
  * (dispatch, /metrics, /debug/waiters); /healthz and /readyz are on both. */
 enum { PL_SERVE_CONTROLLERS = 1, PL_SERVE_DISPATCH = 2 };
 
+/* "controllers", "dispatch" or "all", for the log. */
+const char *pl_broker_serves_name(unsigned serves);
+
 /* Returns the <app> pointer for a pl_http whose listener serves <serves>. */
 void *pl_broker_side(pl_broker *b, unsigned serves);
 

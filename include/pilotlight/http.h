@@ -83,8 +83,6 @@ enum { PL_HTTP_REFUSED_MAX_CONNECTIONS = 0, PL_HTTP_REFUSED_FD_LIMIT, PL_HTTP_RE
 /* Connections refused for <reason> since start. */
 uint64_t pl_http_refused(const pl_http *h, unsigned reason);
 
-/* Whether a pl_http_listen() succeeded and the listeners are open. */
-int pl_http_listening(const pl_http *h);
 
 /* Sends a response with <status>, optional Content-Type, optional extra
  * header lines (each ending in \r\n) and <body>. The bytes are copied if the
@@ -167,11 +165,5 @@ size_t pl_http_each_idle(pl_http *h, void (*fn)(pl_conn *c, void *arg), void *ar
 /* Bytes a connection costs the server while it waits (struct sizes). */
 size_t pl_conn_size(void);
 
-/* "A connection": takes one from the connection pool with its uv_tcp_t
- * initialised on <h>'s loop and counted as open; the caller connects the
- * handle (uv_accept, uv_tcp_open) and then starts reading. It goes back to
- * the pool in its close callback, after pl_conn_close(). Returns NULL when
- * out of memory. */
-pl_conn *pl_conn_get(pl_http *h);
 
 #endif

@@ -25,4 +25,10 @@ void pl_log_write(pl_log_level level, const char *msg, const char *fields, ...)
  * that are not UTF-8 replaced by U+FFFD. Returns the length written. */
 size_t pl_log_escape(char *out, size_t cap, const char *s, size_t len);
 
+struct sockaddr;
+
+/* "1.2.3.4:80" or "[::1]:80" for the address of <sa> with <port>, into
+ * <out> ("?" for the address when it cannot be read). */
+void pl_log_address(char *out, size_t cap, const struct sockaddr *sa, unsigned port);
+
 #endif

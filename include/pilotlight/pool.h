@@ -41,6 +41,7 @@ typedef struct pl_pool {
     uint64_t chunks;         /* chunks with objects carved, held now */
     void *bare[PL_POOL_BARE_MAX]; /* empty chunks kept mapped, pages returned */
     uint32_t nbare;
+    uint32_t per_chunk;      /* objects a chunk holds; set with registered */
     uint64_t chunks_allocated, chunks_returned; /* ever */
     int registered;
 } pl_pool;

@@ -471,6 +471,17 @@ def check_sanitizers(text, what="pilotlight"):
         assert mark not in text, f"{what}: sanitizer report on stderr:\n{text[-6000:]}"
 
 
+def json_lines(text):
+    """The JSON log records in <text>, other lines skipped."""
+    out = []
+    for ln in text.splitlines():
+        try:
+            out.append(json.loads(ln))
+        except ValueError:
+            pass
+    return out
+
+
 class Server:
     def __init__(self, args=(), env=None, listen=True, preexec_fn=None):
         self.args = [BIN] + (["--listen", f"{HOST}:0"] if listen else []) + list(args)
@@ -490,13 +501,7 @@ class Server:
         return self.errf.read().decode("utf-8", "replace")
 
     def log_lines(self):
-        out = []
-        for ln in self.stderr().splitlines():
-            try:
-                out.append(json.loads(ln))
-            except ValueError:
-                pass
-        return out
+        return json_lines(self.stderr())
 
     def _wait_listening(self):
         deadline = time.monotonic() + START_TIMEOUT

@@ -74,6 +74,16 @@ class Server:
         return code
 
 
+def _run_client(node, port, cases=()):
+    """Runs compat.mjs against 127.0.0.1:<port> (every case, or <cases>);
+    returns the process and its last JSON line ({} without one)."""
+    proc = subprocess.run([node, str(COMPAT / "compat.mjs"), f"http://127.0.0.1:{port}"]
+                          + [a for c in cases for a in ("--case", c)],
+                          capture_output=True, text=True, timeout=90)
+    lines = proc.stdout.strip().splitlines()
+    return proc, json.loads(lines[-1]) if lines else {}
+
+
 def test_trigger_dev_warm_start_client():
     node = shutil.which("node")
     if node is None or shutil.which("npm") is None:
@@ -84,10 +94,7 @@ def test_trigger_dev_warm_start_client():
     try:
         assert server.address, "listening line had no address:\n" + server.stderr()
         port = server.address.rsplit(":", 1)[1]
-        proc = subprocess.run([node, str(COMPAT / "compat.mjs"), f"http://127.0.0.1:{port}"],
-                              capture_output=True, text=True, timeout=90)
-        lines = proc.stdout.strip().splitlines()
-        result = json.loads(lines[-1]) if lines else {}
+        proc, result = _run_client(node, port)
         detail = (f"result: {json.dumps(result, indent=1)}\nclient stderr (tail):\n{proc.stderr[-3000:]}"
                   f"\nserver stderr (tail):\n{server.stderr()[-3000:]}")
         assert proc.returncode == 0 and result.get("ok") is True, detail
@@ -120,11 +127,7 @@ def test_trigger_dev_warm_start_client_through_haproxy(tmp_path):
     proxy = Proxy([server] * 3, str(tmp_path))
     try:
         cases = ["match", "dotted", "abort"]
-        proc = subprocess.run([node, str(COMPAT / "compat.mjs"), f"http://127.0.0.1:{proxy.port}"]
-                              + [a for c in cases for a in ("--case", c)],
-                              capture_output=True, text=True, timeout=90)
-        lines = proc.stdout.strip().splitlines()
-        result = json.loads(lines[-1]) if lines else {}
+        proc, result = _run_client(node, proxy.port, cases)
         detail = (f"result: {json.dumps(result, indent=1)}\nclient stderr (tail):\n{proc.stderr[-3000:]}"
                   f"\nhaproxy log (tail):\n{proxy.log()[-3000:]}")
         assert proc.returncode == 0 and result.get("ok") is True, detail

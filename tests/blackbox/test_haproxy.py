@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from conftest import (HOST, Conn, make_message, poll_headers,
-                      read_payload, scrape, assert_ledger)
+                      read_payload, request, scrape, assert_ledger)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HAPROXY_CFG = REPO_ROOT / "deploy" / "haproxy" / "haproxy.cfg"
@@ -429,12 +429,8 @@ def test_large_dispatch_body_still_routes(cluster):
         m["completedWaitpoints"] = [{"id": "waitpoint_1", "output": "x" * 12000}]
         body = json.dumps({"dequeuedMessage": m})
         assert len(body) > 12000
-        r = Conn(proxy.port, timeout=WAIT)
-        try:
-            r.request("POST", "/warm-start", {"Content-Type": "application/json"}, body)
-            resp = r.read_response()
-        finally:
-            r.close()
+        resp = request(proxy.port, "POST", "/warm-start",
+                       {"Content-Type": "application/json"}, body, timeout=WAIT)
         assert resp.status == 200 and resp.json() == {"didWarmStart": True}, resp
         check_payload(c, m)
 
@@ -452,12 +448,8 @@ def test_dispatch_body_larger_than_the_buffer_is_forwarded(cluster):
     m["completedWaitpoints"] = [{"id": "waitpoint_1", "output": "x" * 900_000}]
     body = json.dumps({"dequeuedMessage": m})
     assert 900_000 < len(body) < 1_048_576          # under pilotlight's max_body_bytes
-    r = Conn(proxy.port, timeout=WAIT)
-    try:
-        r.request("POST", "/warm-start", {"Content-Type": "application/json"}, body)
-        resp = r.read_response()
-    finally:
-        r.close()
+    resp = request(proxy.port, "POST", "/warm-start",
+                   {"Content-Type": "application/json"}, body, timeout=WAIT)
     assert resp.status == 200 and set(resp.json()) == {"didWarmStart"}, resp
     if resp.json()["didWarmStart"]:
         check_payload(c, m)

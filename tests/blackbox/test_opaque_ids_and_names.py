@@ -22,8 +22,8 @@ import time
 
 import pytest
 
-from conftest import (BIN, check_sanitizers, clean_env, get, make_message, poll_headers,
-                      read_payload, request, run_binary)
+from conftest import (BIN, check_sanitizers, clean_env, get, json_lines, make_message,
+                      poll_headers, read_payload, request, run_binary)
 
 SECRET = "tr_wdt_opaque_ids_41d7"
 VER = "20261201.1"
@@ -231,13 +231,7 @@ class Proc:
         return self.errf.read().decode("utf-8", "replace")
 
     def records(self):
-        out = []
-        for ln in self.stderr().splitlines():
-            try:
-                out.append(json.loads(ln))
-            except ValueError:
-                pass
-        return out
+        return json_lines(self.stderr())
 
     def wait_listening(self, n=1):
         deadline = time.monotonic() + 10

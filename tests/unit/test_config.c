@@ -167,6 +167,18 @@ static void test_documented_file_is_defaults(void)
 }
 
 /* Every setting --check-config prints is documented in the file. */
+/* pl_config_print()'s output, malloc'd. */
+static char *print_config(const pl_config *cfg)
+{
+    char *out = NULL;
+    size_t len = 0;
+    FILE *mem = open_memstream(&out, &len);
+
+    pl_config_print(cfg, mem);
+    fclose(mem);
+    return out;
+}
+
 static void test_every_setting_documented(void)
 {
     char path[1024], *doc, name[128];
@@ -175,10 +187,9 @@ static void test_every_setting_documented(void)
     pl_config cfg;
     pl_config_action action;
     char err[512];
-    FILE *f, *mem;
+    FILE *f;
     size_t n = 0;
-    char *printed = NULL;
-    size_t plen = 0;
+    char *printed;
 
     snprintf(path, sizeof(path), "%s/config/pilotlight.conf", src ? src : ".");
     f = fopen(path, "r");
@@ -190,9 +201,7 @@ static void test_every_setting_documented(void)
     fclose(f);
     CHECK(n > 0);
     CHECK_EQ(load(&cfg, 1, argv, NULL, &action, err), 0);
-    mem = open_memstream(&printed, &plen);
-    pl_config_print(&cfg, mem);
-    fclose(mem);
+    printed = print_config(&cfg);
     for (char *line = strtok(printed, "\n"); line; line = strtok(NULL, "\n")) {
         char want[160];
         if (sscanf(line, "%127s", name) != 1)
@@ -215,9 +224,7 @@ static void test_secrets(void)
     char *envp[] = {"PILOTLIGHT_DISPATCH_TOKEN=hunter2", NULL};
     pl_config cfg;
     pl_config_action action;
-    char err[512], *printed = NULL;
-    size_t plen = 0;
-    FILE *mem;
+    char err[512], *printed;
 
     CHECK_EQ(write(fd, "s3cret\n", 7), 7);
     close(fd);
@@ -225,9 +232,7 @@ static void test_secrets(void)
     CHECK_STR(cfg.token_secret, "s3cret");
     CHECK_STR(cfg.dispatch_token, "hunter2");
     CHECK_EQ(cfg.token_mode, PL_TOKEN_MODE_ENFORCE);
-    mem = open_memstream(&printed, &plen);
-    pl_config_print(&cfg, mem);
-    fclose(mem);
+    printed = print_config(&cfg);
     CHECK(strstr(printed, "s3cret") == NULL && strstr(printed, "hunter2") == NULL);
     CHECK(strstr(printed, "token_secret = (set)") != NULL);
     free(printed);
@@ -246,9 +251,7 @@ static void test_previous_secret(void)
     char *envp[] = {"PILOTLIGHT_TOKEN_SECRET_PREVIOUS=from-env", NULL};
     pl_config cfg;
     pl_config_action action;
-    char err[512], *printed = NULL;
-    size_t plen = 0;
-    FILE *mem;
+    char err[512], *printed;
 
     CHECK_EQ(write(fd, "old\r\n", 5), 5);
     close(fd);
@@ -256,9 +259,7 @@ static void test_previous_secret(void)
     CHECK_STR(cfg.token_secret_previous, "old");
     CHECK_EQ(load(&cfg, 5, argv, envp, &action, err), 0);
     CHECK_STR(cfg.token_secret_previous, "from-env");
-    mem = open_memstream(&printed, &plen);
-    pl_config_print(&cfg, mem);
-    fclose(mem);
+    printed = print_config(&cfg);
     CHECK(strstr(printed, "from-env") == NULL);
     CHECK(strstr(printed, "token_secret_previous = (set)") != NULL);
     free(printed);
