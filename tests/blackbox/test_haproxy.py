@@ -92,6 +92,7 @@ class Proxy:
             "PL_HAPROXY_STATS_SOCKET": self.stats_sock,
             "PL_HAPROXY_STATS_BIND": os.path.join(self.dir, "stats-http.sock"),
             "PL_HAPROXY_MAXCONN": "1000",
+            "PL_HAPROXY_LOG_ROUTE": "1",         # routing strings in the log
         })
         env.update(self.extra_env)
         for i, s in enumerate(self.servers, 1):
@@ -577,3 +578,32 @@ def test_dotted_bare_ids_route_as_pilotlight_keys_them(cluster):
         time.sleep(0.05)
     assert routed["GET"] == routed["POST"], routed
     assert {k.split(" ")[0] for k in routed["GET"]} == {dep for _, dep in cases}
+
+
+def test_client_cannot_choose_the_route(cluster):
+    """The routing string travels in x-pilotlight-route: a client's own
+    header of that name is dropped, whether or not the proxy sets one."""
+    proxy, servers = cluster
+    key = ("deployment_forged", "20261201.2", 1, 2)
+    c = Controller(proxy.port, key, 0)
+    c.conn.close()
+    c.headers["x-pilotlight-route"] = "evil_route_1"
+    c.poll()
+    wait_total(servers, "parked_now", 1, "the poll to park")
+    ok, msg = dispatch_via(proxy.port, key, "run_forged")
+    assert ok
+    check_payload(c, msg)
+    # Without a version the proxy sets no route: the client's is gone anyway.
+    bad = Conn(proxy.port, timeout=WAIT)
+    headers = dict(c.headers, **{"x-pilotlight-route": "evil_route_2"})
+    del headers["x-trigger-deployment-version"]
+    bad.request("GET", "/warm-start", headers)
+    assert bad.read_response().status == 400
+    bad.close()
+    deadline = time.monotonic() + WAIT
+    while len(re.findall(r'"GET /warm-start', proxy.log())) < 2:
+        assert time.monotonic() < deadline, proxy.log()[-2000:]
+        time.sleep(0.05)
+    assert "evil_route" not in proxy.log()
+    assert ("deployment_forged 20261201.2 1 2", "GET") in proxy.routing_keys()
+    assert re.search(r' \{\} "GET /warm-start', proxy.log()), proxy.log()[-2000:]
