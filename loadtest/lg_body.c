@@ -39,7 +39,8 @@ char *lg_req_poll(const lg_opts_t *o, long ctl_id, long k, size_t *len)
     abort();
   lg_key_fields(k, 'd', dep, sizeof(dep), &ver, &cpu, &mem);
   host_header(o, host, sizeof(host));
-  /* What Node's fetch (undici) sends for the run controller's poll. */
+  /* What Node's fetch (undici) sends for the run controller's poll. Its id
+   * is "controller_" and a UUID (47 bytes): the last group is 12 hex digits. */
   int n = snprintf(buf, 768,
                    "GET /warm-start HTTP/1.1\r\n%s"
                    "x-trigger-workload-controller-id: controller_%08lx-7c1e-4d2a-9b3f-%012lx\r\n"
@@ -51,7 +52,7 @@ char *lg_req_poll(const lg_opts_t *o, long ctl_id, long k, size_t *len)
                    "accept: */*\r\naccept-language: *\r\nsec-fetch-mode: cors\r\n"
                    "user-agent: node\r\naccept-encoding: gzip, deflate\r\n"
                    "connection: keep-alive\r\n\r\n",
-                   host, ctl_id, (long)((unsigned long)ctl_id * 2654435761UL), dep, ver, cpu,
+                   host, ctl_id, ((unsigned long)ctl_id * 2654435761UL) & 0xffffffffffffUL, dep, ver, cpu,
                    mem, ctl_id % 64);
   *len = (size_t)n;
   return buf;

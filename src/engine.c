@@ -21,20 +21,20 @@ static int oom_flag;
 
 typedef struct pl_entry pl_entry;
 
-/* A waiter's index key (controller id, a NUL, the key's deployment, a NUL)
- * up to this long lives in a waiter from the waiter pool: "controller_" and a
- * UUID is 47 bytes, "deployment_" and a cuid 36, some clients add a few. A
- * longer one (ids up to 256 bytes) takes a size class. */
-#define ID_INLINE 88
+/* A controller id and its NUL up to this long live in a waiter from the
+ * waiter pool: "controller_" and a UUID is 47 bytes, Trigger.dev's runner ids
+ * are shorter. A longer one (ids up to 256 bytes) takes a size class. */
+#define ID_INLINE 48
 
 struct pl_waiter {
     pl_waiter *qprev, *qnext; /* in its key's queue, oldest first */
-    pl_waiter *tprev, *tnext; /* in the engine's time list, oldest first */
     pl_entry *entry;
     void *owner;
     uint64_t parked_at;
-    UT_hash_handle hh; /* by controller id and deployment */
-    char id[];         /* the id, a NUL, the key's deployment */
+    /* By controller id, hashed with the deployment. uthash also keeps its
+     * items in the order they were added: that order is the time list. */
+    UT_hash_handle hh;
+    char id[];         /* the controller id, NUL-terminated */
 };
 
 static pl_pool waiter_pool = PL_POOL_INIT("waiter", sizeof(pl_waiter) + ID_INLINE);
@@ -50,9 +50,10 @@ struct pl_entry {
 struct pl_engine {
     pl_engine_opts opts;
     pl_entry *entries;      /* uthash head, by key */
-    pl_waiter *by_id;       /* uthash head, by controller id and deployment */
-    pl_waiter *oldest;      /* time list: every waiter, by park time (one
-                             * timeout for all keeps it sorted by deadline) */
+    /* uthash head, by controller id (see id_hash). Every parked waiter is
+     * in it, in the order they parked: the head is the oldest, and as one
+     * timeout serves all, the list is sorted by deadline too. */
+    pl_waiter *by_id;
     size_t nkeys;
     pl_ledger ledger;
 };
@@ -190,12 +191,12 @@ static void drop_entry_if_empty(pl_engine *e, pl_entry *ent)
     e->nkeys--;
 }
 
-/* Links <w> at the tail of its key's queue and of the time list. */
+/* Links <w>, already in the id index (so at the tail of the time list), at
+ * the tail of its key's queue. */
 static void link_waiter(pl_engine *e, pl_waiter *w)
 {
     DL_APPEND2(w->entry->head, w, qprev, qnext);
     w->entry->count++;
-    DL_APPEND2(e->oldest, w, tprev, tnext);
     e->ledger.parked_now++;
 }
 
@@ -205,7 +206,6 @@ static void unlink_waiter(pl_engine *e, pl_waiter *w)
 
     DL_DELETE2(ent->head, w, qprev, qnext);
     ent->count--;
-    DL_DELETE2(e->oldest, w, tprev, tnext);
     HASH_DELETE(hh, e->by_id, w);
     drop_entry_if_empty(e, ent);
 }
@@ -272,11 +272,51 @@ static const char *over_cap(const pl_engine *e, const pl_entry *ent,
     return NULL;
 }
 
+/* A poll replaces only its own controller's older poll: the same id for
+ * the same deployment. Other tenants may use the same id, so the index keys
+ * waiters by id alone (the id is all a waiter stores) but hashes the id with
+ * the deployment: each tenant's waiters of one id land apart, and finding
+ * one compares the deployment through its key entry. */
+static unsigned id_hash(const char *id, size_t id_len, const pl_key *key)
+{
+    unsigned hid, hdep;
+
+    HASH_VALUE(id, id_len, hid);
+    HASH_VALUE(key->deployment, key->deployment_len, hdep);
+    return hid ^ (hdep * 0x9e3779b1u);
+}
+
+/* The waiter of controller <id> parked for <key>'s deployment, or NULL. */
+static pl_waiter *find_own(const pl_engine *e, const char *id, size_t id_len,
+                           const pl_key *key, unsigned hv)
+{
+    const UT_hash_table *tbl;
+    const UT_hash_handle *hh;
+    unsigned bkt;
+
+    if (e->by_id == NULL)
+        return NULL;
+    tbl = e->by_id->hh.tbl;
+    HASH_TO_BKT(hv, tbl->num_buckets, bkt);
+    for (hh = tbl->buckets[bkt].hh_head; hh != NULL; hh = hh->hh_next) {
+        pl_waiter *w = ELMT_FROM_HH(tbl, hh);
+        pl_key k;
+
+        if (hh->hashv != hv || hh->keylen != id_len || memcmp(hh->key, id, id_len) != 0)
+            continue;
+        pl_key_decode(w->entry->keybytes, w->entry->keylen, &k);
+        if (k.deployment_len == key->deployment_len &&
+            memcmp(k.deployment, key->deployment, k.deployment_len) == 0)
+            return w;
+    }
+    return NULL;
+}
+
 /* Makes every allocation a park needs: the key entry (unless <ent> exists
  * already) and the id index slot. Returns 0, or PL_ENOMEM with nothing
  * changed. */
 static int index_waiter(pl_engine *e, pl_waiter *w, pl_entry *ent,
-                        const unsigned char *key, size_t keylen, size_t id_len)
+                        const unsigned char *key, size_t keylen, size_t id_len, unsigned hv)
 {
     w->entry = ent ? ent : new_entry(e, key, keylen);
     if (w->entry == NULL)
@@ -285,7 +325,7 @@ static int index_waiter(pl_engine *e, pl_waiter *w, pl_entry *ent,
      * keeps both until that one is deleted by pointer. Adding first means
      * the table never empties (and is freed) in between. */
     oom_flag = 0;
-    HASH_ADD_KEYPTR(hh, e->by_id, w->id, id_len, w);
+    HASH_ADD_KEYPTR_BYHASHVALUE(hh, e->by_id, w->id, id_len, hv, w);
     if (oom_flag) {
         drop_entry_if_empty(e, w->entry);
         return PL_ENOMEM;
@@ -293,24 +333,17 @@ static int index_waiter(pl_engine *e, pl_waiter *w, pl_entry *ent,
     return 0;
 }
 
-/* A waiter not yet in any list, or NULL when out of memory. Its id index
- * key, *<idx_len> bytes at w->id, is the controller id, a NUL and <key>'s
- * deployment. */
-static pl_waiter *new_waiter(const char *id, size_t id_len, const pl_key *key, void *owner,
-                             uint64_t parked_at, size_t *idx_len)
+/* A waiter not yet in any list, or NULL when out of memory. */
+static pl_waiter *new_waiter(const char *id, size_t id_len, void *owner, uint64_t parked_at)
 {
-    pl_waiter *w;
+    pl_waiter *w = waiter_get(id_len);
 
-    *idx_len = id_len + 1 + key->deployment_len;
-    w = waiter_get(*idx_len);
     if (w == NULL)
         return NULL;
     memset(w, 0, sizeof(*w));
-    w->hh.keylen = (unsigned)*idx_len; /* waiter_put() reads it, indexed or not */
+    w->hh.keylen = (unsigned)id_len; /* waiter_put() reads it, indexed or not */
     memcpy(w->id, id, id_len);
     w->id[id_len] = '\0';
-    memcpy(w->id + id_len + 1, key->deployment, key->deployment_len);
-    w->id[*idx_len] = '\0';
     w->owner = owner;
     w->parked_at = parked_at;
     return w;
@@ -320,8 +353,9 @@ int pl_engine_park(pl_engine *e, const pl_key *key, const char *id,
                    size_t id_len, void *owner, uint64_t now, pl_waiter **out)
 {
     unsigned char buf[PL_KEY_ENCODED_MAX];
-    size_t len = pl_key_encode(key, buf), idx_len;
-    pl_waiter *w, *old = NULL;
+    size_t len = pl_key_encode(key, buf);
+    unsigned hv = id_hash(id, id_len, key);
+    pl_waiter *w, *old;
     pl_entry *ent;
     const char *why;
 
@@ -331,14 +365,14 @@ int pl_engine_park(pl_engine *e, const pl_key *key, const char *id,
     /* A poll replaces only its own controller's older poll: the same id
      * for the same deployment (a token-verified one when tokens are on).
      * Another tenant reusing the id parks beside it and ends nothing. */
-    w = new_waiter(id, id_len, key, owner, now, &idx_len);
+    w = new_waiter(id, id_len, owner, now);
     if (w == NULL)
         return PL_ENOMEM;
 
-    HASH_FIND(hh, e->by_id, w->id, idx_len, old);
+    old = find_own(e, id, id_len, key, hv);
     ent = lookup(e, buf, len);
     why = over_cap(e, ent, old);
-    if (why == NULL && index_waiter(e, w, ent, buf, len, idx_len) != 0) {
+    if (why == NULL && index_waiter(e, w, ent, buf, len, id_len, hv) != 0) {
         waiter_put(w);
         return PL_ENOMEM;
     }
@@ -388,9 +422,9 @@ size_t pl_engine_expire(pl_engine *e, uint64_t now)
 
     if (e->opts.park_timeout_ms == 0)
         return 0;
-    while (e->oldest != NULL &&
-           e->oldest->parked_at + e->opts.park_timeout_ms <= now) {
-        settle(e, e->oldest, PL_OUTCOME_TIMEOUT, NULL, 1);
+    while (e->by_id != NULL &&
+           e->by_id->parked_at + e->opts.park_timeout_ms <= now) {
+        settle(e, e->by_id, PL_OUTCOME_TIMEOUT, NULL, 1);
         n++;
     }
     return n;
@@ -398,16 +432,16 @@ size_t pl_engine_expire(pl_engine *e, uint64_t now)
 
 int pl_engine_next_deadline(const pl_engine *e, uint64_t *deadline)
 {
-    if (e->opts.park_timeout_ms == 0 || e->oldest == NULL)
+    if (e->opts.park_timeout_ms == 0 || e->by_id == NULL)
         return -1;
-    *deadline = e->oldest->parked_at + e->opts.park_timeout_ms;
+    *deadline = e->by_id->parked_at + e->opts.park_timeout_ms;
     return 0;
 }
 
 void pl_engine_drain(pl_engine *e)
 {
-    while (e->oldest != NULL)
-        settle(e, e->oldest, PL_OUTCOME_SHUTDOWN, NULL, 1);
+    while (e->by_id != NULL)
+        settle(e, e->by_id, PL_OUTCOME_SHUTDOWN, NULL, 1);
 }
 
 void pl_engine_set_opts(pl_engine *e, const pl_engine_opts *opts)
@@ -420,24 +454,24 @@ int pl_engine_adopt(pl_engine *e, const pl_key *key, const char *id, size_t id_l
 {
     unsigned char buf[PL_KEY_ENCODED_MAX];
     size_t len = pl_key_encode(key, buf);
-    pl_waiter *w, *old = NULL;
-    size_t idx_len;
+    unsigned hv = id_hash(id, id_len, key);
+    pl_waiter *w;
 
     *out = NULL;
     if (len == 0)
         return PL_EINVAL;
     /* The time list stays sorted whatever order waiters arrive in. */
-    if (e->oldest && e->oldest->tprev->parked_at > parked_at) /* utlist: the tail */
-        parked_at = e->oldest->tprev->parked_at;
-    w = new_waiter(id, id_len, key, owner, parked_at, &idx_len);
+    if (e->by_id != NULL) {
+        const pl_waiter *newest = ELMT_FROM_HH(e->by_id->hh.tbl, e->by_id->hh.tbl->tail);
+        if (newest->parked_at > parked_at)
+            parked_at = newest->parked_at;
+    }
+    if (find_own(e, id, id_len, key, hv) != NULL)
+        return PL_EEXIST;
+    w = new_waiter(id, id_len, owner, parked_at);
     if (w == NULL)
         return PL_ENOMEM;
-    HASH_FIND(hh, e->by_id, w->id, idx_len, old);
-    if (old != NULL) {
-        waiter_put(w);
-        return PL_EEXIST;
-    }
-    if (index_waiter(e, w, lookup(e, buf, len), buf, len, idx_len) != 0) {
+    if (index_waiter(e, w, lookup(e, buf, len), buf, len, id_len, hv) != 0) {
         waiter_put(w);
         return PL_ENOMEM;
     }
@@ -452,11 +486,11 @@ size_t pl_engine_each_waiter(const pl_engine *e,
 {
     size_t n = 0;
 
-    for (const pl_waiter *w = e->oldest; w != NULL; w = w->tnext, n++) {
+    for (const pl_waiter *w = e->by_id; w != NULL; w = w->hh.next, n++) {
         pl_waiter_info info;
         pl_key_decode(w->entry->keybytes, w->entry->keylen, &info.key);
         info.id = w->id;
-        info.id_len = strlen(w->id);
+        info.id_len = w->hh.keylen;
         info.parked_at = w->parked_at;
         info.owner = w->owner;
         info.w = (pl_waiter *)w;

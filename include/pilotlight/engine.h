@@ -163,9 +163,8 @@ size_t pl_engine_each_key(const pl_engine *e, size_t max,
 /* Number of waiters parked under <key>. */
 size_t pl_engine_waiting(const pl_engine *e, const pl_key *key);
 
-/* Bytes the engine allocates for one parked waiter whose controller id and
- * key deployment are <id_len> bytes long together (not counting the key
- * entry it may share). */
+/* Bytes the engine allocates for one parked waiter whose controller id is
+ * <id_len> bytes long (not counting the key entry it may share). */
 size_t pl_engine_waiter_size(size_t id_len);
 
 const char *pl_outcome_name(pl_outcome o);

@@ -287,6 +287,38 @@ static void test_replace_same_tenant_only(void)
     CHECK_EQ(v3.calls, 1);
 }
 
+/* Many tenants share one controller id and the index grows and shrinks
+ * around them: each re-poll still replaces exactly its own tenant's poll. */
+static void test_replace_same_tenant_many(void)
+{
+    enum { N = 600 };
+    pl_engine *e = engine(PL_ORDER_FIFO, 0, 0, 0);
+    static owner_t first[N], second[N];
+    static char deps[N][16];
+    uint64_t settled[PL_OUTCOME__COUNT] = {0};
+
+    for (int i = 0; i < N; i++) {
+        snprintf(deps[i], sizeof(deps[i]), "tenant-%d", i);
+        pl_key k = key(deps[i], "v1", 1, 1024);
+        CHECK_EQ(park(e, &k, "shared", &first[i], (uint64_t)i), 0);
+    }
+    for (int i = N - 1; i >= 0; i--) {
+        pl_key k = key(deps[i], "v2", 2, 2048); /* same tenant, another key */
+        CHECK_EQ(park(e, &k, "shared", &second[i], (uint64_t)(N + i)), 0);
+        CHECK_EQ(first[i].calls, 1);
+        CHECK_EQ(first[i].outcome, PL_OUTCOME_REPLACED);
+        if (i > 0)
+            CHECK_EQ(first[i - 1].calls, 0);
+    }
+    settled[PL_OUTCOME_REPLACED] = N;
+    check_ledger(e, 2 * N, N, settled);
+    for (int i = 0; i < N; i++)
+        CHECK_EQ(second[i].calls, 0);
+    pl_engine_free(e);
+    for (int i = 0; i < N; i++)
+        CHECK_EQ(second[i].calls, 1);
+}
+
 /* Replacing frees the old waiter's place before the caps are checked. */
 static void test_replace_at_cap(void)
 {
@@ -1377,6 +1409,7 @@ int main(void)
     RUN(test_settle_disconnect);
     RUN(test_replace_same_controller);
     RUN(test_replace_same_tenant_only);
+    RUN(test_replace_same_tenant_many);
     RUN(test_replace_at_cap);
     RUN(test_fifo_order);
     RUN(test_lifo_order);
