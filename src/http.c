@@ -32,9 +32,11 @@
 #define ACCEPT_BATCH 256    /* connections taken per wake-up, for fairness */
 #define ACCEPT_PAUSE_MS 100 /* after an accept error that would persist */
 /* Pool memory goes back to the system when the open connections fall to an
- * eighth of their peak since the last time (a new low), and that peak was
- * at least this: a handful of connections coming and going does not trim. */
-#define TRIM_MIN_PEAK 64
+ * eighth of their peak since the last time, and that peak was at least
+ * this (a handful of connections coming and going does not trim); then at
+ * every lower count on the way down, so a crowd that has gone leaves no
+ * page behind whatever order its last connections close in. */
+#define TRIM_MIN_PEAK 16
 #define TRIM_FRACTION 8
 
 /* Counts ACK report offsets from the bytes written when reports were turned
@@ -104,6 +106,7 @@ struct pl_http {
     uint64_t timeouts[TL__COUNT];
     uint64_t nconns;
     uint64_t peak; /* most connections since memory was last trimmed */
+    uint64_t low;  /* connections at that trim (0 before any) */
     uint64_t last_accept_error;
     uint64_t refused[PL_HTTP_REFUSED__COUNT];
     int spare_fd;            /* given up to shed connections at EMFILE */
@@ -625,7 +628,7 @@ static void on_closed(uv_handle_t *handle)
     request_end(c);
     pl_pool_put(&conn_pool, c);
     h->nconns--;
-    if (h->peak >= TRIM_MIN_PEAK && h->nconns <= h->peak / TRIM_FRACTION)
+    if (h->nconns < h->low || (h->peak >= TRIM_MIN_PEAK && h->nconns <= h->peak / TRIM_FRACTION))
         uv_prepare_start(&h->trim, trim_cb);
     if (h->draining && h->nconns == 0 && h->drained)
         h->drained(h->drained_arg);
@@ -639,7 +642,7 @@ static void trim_cb(uv_prepare_t *prep)
     pl_http *h = container_of(prep, pl_http, trim);
     size_t n = pl_pool_trim();
 
-    h->peak = h->nconns;
+    h->peak = h->low = h->nconns;
     malloc_trim(0); /* what is not pooled: hash tables, large buffers */
     uv_prepare_stop(prep);
     PL_LOG(PL_LOG_DEBUG, "pool chunks returned", "\"chunks\":%zu,\"connections\":%llu", n,
