@@ -22,8 +22,8 @@ static int oom_flag;
 typedef struct pl_entry pl_entry;
 
 /* A controller id and its NUL up to this long live in a waiter from the
- * waiter pool: "controller_" and a UUID is 47 bytes, Trigger.dev's runner ids
- * are shorter. A longer one (ids up to 256 bytes) takes a size class. */
+ * waiter pool: "controller_" and a UUID is 47 bytes. A longer one (ids up
+ * to 256 bytes) takes a size class. */
 #define ID_INLINE 48
 
 struct pl_waiter {
