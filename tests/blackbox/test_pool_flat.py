@@ -8,17 +8,23 @@ pools have met the connection peaks the mix can reach (aborted connections
 back up in the accept queue while the server is off its CPU). Trims between
 the phases give pages back but keep the chunks' address ranges, so they do
 not count as chunk allocations when reused. Skipped under
-valgrind, which runs it a hundred times slower."""
+valgrind, which runs it a hundred times slower.
+
+PL_POOL_OPS=1000000 scales every part of the mix tenfold (the issue's
+"1 M mixed operations"); the test prints RSS warmed and at the end, both
+read a second after the last connection closed."""
 
 import os
 import socket
+import time
 
 import pytest
 
 from conftest import HOST, Conn, assert_ledger, build_request, poll_headers
 from test_loadtest_smoke import loadgen, no_errors
 
-OPS = 100_000
+OPS = int(os.environ.get("PL_POOL_OPS", "100000"))
+SCALE = max(1, OPS // 100_000)
 PARK_TIMEOUT_MS = 100
 MAX_BODY = 4096
 
@@ -93,10 +99,16 @@ def match_cycles(server, seconds):
     return r["hits"]
 
 
-def mix(server, tag, cycles, seconds):
+def mix(server, tag, cycles, seconds, scale=1):
     """One round of every kind of operation; returns how many."""
-    return (churn(server, cycles) + replace_and_time_out(server.port, 200, tag) +
-            bad_requests(server.port, 1000) + match_cycles(server, seconds))
+    return (churn(server, cycles) + replace_and_time_out(server.port, 200 * scale, tag) +
+            bad_requests(server.port, 1000 * scale) + match_cycles(server, seconds))
+
+
+def rss_kb(pid):
+    time.sleep(1)
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
 
 
 def test_mixed_operations_allocate_no_chunk(start_server):
@@ -105,15 +117,18 @@ def test_mixed_operations_allocate_no_chunk(start_server):
     if under_valgrind(s.proc.pid):
         pytest.skip("100,000 operations are too slow under valgrind")
     loadgen(s, "--parked", "3000", "--idle-warmup", "0", "idle", timeout=120)
-    mix(s, "warm", 4000, 0.5)
+    mix(s, "warm", 4000, 0.5, SCALE)
     before = assert_ledger(s.metrics())
-    ops = mix(s, "measured", 16000, 2)
+    rss_before = rss_kb(s.proc.pid)
+    ops = mix(s, "measured", 16000 * SCALE, 2 * SCALE, SCALE)
     while ops < OPS:  # match cycles are slower on a sanitizer build
         ops += match_cycles(s, 2)
     after = assert_ledger(s.metrics())
+    rss_after = rss_kb(s.proc.pid)
     print(f"\n[pool] {ops} operations; chunks allocated "
           f"{chunks_allocated(before):.0f} -> {chunks_allocated(after):.0f}, "
-          f"returned {after.sum('pilotlight_pool_chunks_returned_total'):.0f}")
+          f"returned {after.sum('pilotlight_pool_chunks_returned_total'):.0f}; "
+          f"RSS KiB warmed {rss_before}, end {rss_after} ({rss_after - rss_before:+d})")
     assert after.parked_now == 0
     assert after.parked_total - before.parked_total >= 16000 + 400
     grew = {k[1]: (before.samples.get(k, 0), v) for k, v in after.samples.items()
