@@ -23,6 +23,7 @@
 #include "pilotlight/log.h"
 #include "pilotlight/mem.h"
 #include "pilotlight/pool.h"
+#include "pilotlight/uvmem.h"
 
 #define container_of(ptr, type, member) \
     ((type *)(void *)((char *)(ptr) - offsetof(type, member)))
@@ -644,6 +645,7 @@ static void trim_cb(uv_prepare_t *prep)
 
     h->peak = h->low = h->nconns;
     malloc_trim(0); /* what is not pooled: hash tables, large buffers */
+    pl_uvmem_trim(); /* libuv's descriptor table, zeros once a crowd has gone */
     uv_prepare_stop(prep);
     PL_LOG(PL_LOG_DEBUG, "pool chunks returned", "\"chunks\":%zu,\"connections\":%llu", n,
            (unsigned long long)h->nconns);

@@ -19,6 +19,7 @@
 #include "pilotlight/pool.h"
 #include "pilotlight/server.h"
 #include "pilotlight/upgrade.h"
+#include "pilotlight/uvmem.h"
 
 enum { SERVING = 0, DELAYING, DRAINING, DONE };
 
@@ -458,6 +459,7 @@ int pl_server_run(pl_config *cfg, int argc, char **argv, char **envp)
     s.argc = argc;
     s.argv = argv;
     s.envp = envp;
+    pl_uvmem_install(); /* before libuv allocates anything */
     if (uv_loop_init(&s.loop) != 0)
         return 1;
     rc = start(&s);
