@@ -37,8 +37,10 @@ struct confirm {
     uint64_t deadline;     /* of the whole confirmation (loop ms) */
     uint64_t due;          /* of this attempt (loop ms) */
     uint64_t start_ns, sent_ns, waited_ms;
+    uint64_t poll_from;    /* a polled attempt's first look (loop ms) */
     unsigned in_grace : 1;
-    unsigned polling : 1;  /* this controller gives no ACK reports */
+    unsigned polling : 1;  /* no ACK report comes: ask the kernel */
+    unsigned rides : 1;    /* its next request is to bring the ACK */
     pl_message msg;        /* views into data[] */
     char data[];
 };
@@ -53,6 +55,10 @@ static size_t confirm_size(const pl_message *m)
  * poll: above Linux's shortest delayed ACK (40 ms), so a live controller
  * whose ACK was merely delayed is not reset. */
 #define CONFIRM_ATTEMPT_MIN_MS 50
+
+/* A controller whose ACK comes with its next request is asked for it only
+ * once that request is this late: a prompt one costs no syscall at all. */
+#define CONFIRM_RIDE_MS 10
 
 /* One listener's view of the broker: the <app> of its pl_http. */
 typedef struct {
@@ -376,17 +382,35 @@ static uint64_t attempt_due(const pl_broker *b, const confirm *rec, uint64_t now
     return due < rec->deadline ? due : rec->deadline;
 }
 
+/* When <rec> is next to be looked at, seen at <now>: its attempt's end, or
+ * the next poll. */
+static uint64_t confirm_next(const confirm *rec, uint64_t now)
+{
+    if (!rec->polling)
+        return rec->due;
+    if (rec->poll_from > now)
+        return rec->poll_from < rec->due ? rec->poll_from : rec->due;
+    return now + 1;
+}
+
 /* Takes the pending delivery on_settle just left into <rec>: a new attempt,
- * watched by the controller's ACK report where it gives one. */
+ * watched by the controller's ACK report where it gives one, else by its
+ * next request or by polling. */
 static void confirm_attach(pl_broker *b, confirm *rec, uint64_t now)
 {
+    int how;
+
     rec->w = b->taken_waiter;
     rec->controller = b->taken_conn;
     pl_conn_set_data(rec->controller, rec, DATA_CONFIRM);
-    rec->sent_ns = uv_hrtime();
-    rec->polling = pl_conn_expect_ack(rec->controller) != 0;
+    how = pl_conn_expect_ack(rec->controller);
+    if (how == PL_CONN_ACK_REPORT)
+        rec->sent_ns = uv_hrtime();
+    rec->polling = how != PL_CONN_ACK_REPORT;
+    rec->rides = how == PL_CONN_ACK_NEXT_REQUEST;
+    rec->poll_from = now + (rec->rides ? CONFIRM_RIDE_MS : 1);
     rec->due = rec->in_grace ? rec->deadline : attempt_due(b, rec, now);
-    confirm_arm(b, rec->polling ? now + 1 : rec->due);
+    confirm_arm(b, confirm_next(rec, now));
 }
 
 static void confirm_finish(pl_broker *b, confirm *rec, int delivered)
@@ -403,9 +427,9 @@ static void confirm_finish(pl_broker *b, confirm *rec, int delivered)
     } else {
         count_dispatch(b, delivered, rec->waited_ms, rec->start_ns);
     }
+    /* The timer stays armed: it finds nothing to do, once, instead of being
+     * stopped and started for each delivery. */
     DL_DELETE(b->confirms, rec);
-    if (b->confirms == NULL)
-        uv_timer_stop(&b->confirm_timer);
     pl_pool_free(rec, confirm_size(&rec->msg));
 }
 
@@ -457,16 +481,21 @@ static int confirm_extend(pl_broker *b, confirm *rec, uint64_t now)
 }
 
 /* Looks at <rec> on a timer tick or as its controller closes (<closing>:
- * the socket is still open). A polled controller is asked each tick; any
- * other is asked once, before its connection would be reset. */
+ * the socket is still open). A polled controller is asked each tick from
+ * its poll_from on; any other is asked once, before its connection would
+ * be reset. */
 static void confirm_check(pl_broker *b, confirm *rec, uint64_t now, int closing)
 {
     int state;
 
     if (!rec->polling && !closing && (now < rec->due || confirm_extend(b, rec, now)))
         return;
+    if (rec->polling && !closing && now < rec->poll_from && now < rec->due)
+        return;
     state = pl_conn_acknowledged(rec->controller);
     if (state == 1) {
+        if (rec->rides && !closing)
+            pl_conn_report_acks(rec->controller); /* it stopped re-polling at once */
         confirm_acked(b, rec, PL_CONFIRM_BY_POLL);
         return;
     }
@@ -490,7 +519,7 @@ static void confirm_tick(uv_timer_t *t)
     /* A record left can only be one still waiting (a settled one is freed,
      * a redelivered one re-armed the timer already). */
     for (rec = b->confirms; rec != NULL; rec = rec->next) {
-        uint64_t due = rec->polling ? now + 1 : rec->due;
+        uint64_t due = confirm_next(rec, now);
         if (due < next)
             next = due;
     }
