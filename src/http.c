@@ -235,7 +235,7 @@ static int conn_try_write_reported(pl_conn *c, const uv_buf_t *bufs, unsigned n)
     union {
         char buf[CMSG_SPACE(sizeof(int))];
         struct cmsghdr align;
-    } ctl;
+    } ctl = {{0}}; /* its padding goes to the kernel too */
     struct iovec iov[2];
     struct msghdr msg = {.msg_iov = iov, .msg_iovlen = n,
                          .msg_control = ctl.buf, .msg_controllen = sizeof(ctl.buf)};
