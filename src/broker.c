@@ -37,7 +37,8 @@ struct confirm {
     uint64_t deadline;     /* of the whole confirmation (loop ms) */
     uint64_t due;          /* of this attempt (loop ms) */
     uint64_t start_ns, sent_ns, waited_ms;
-    uint64_t poll_from;    /* a polled attempt's first look (loop ms) */
+    uint64_t since;        /* this attempt began (loop ms) */
+    uint64_t poll_from;    /* a polled attempt's next look (loop ms) */
     unsigned in_grace : 1;
     unsigned polling : 1;  /* no ACK report comes: ask the kernel */
     unsigned rides : 1;    /* its next request is to bring the ACK */
@@ -57,7 +58,8 @@ static size_t confirm_size(const pl_message *m)
 #define CONFIRM_ATTEMPT_MIN_MS 50
 
 /* A controller whose ACK comes with its next request is asked for it only
- * once that request is this late: a prompt one costs no syscall at all. */
+ * once that request is this late, then each time its wait has doubled: a
+ * prompt one costs no syscall at all, a stalled crowd few. */
 #define CONFIRM_RIDE_MS 10
 
 /* One listener's view of the broker: the <app> of its pl_http. */
@@ -386,11 +388,11 @@ static uint64_t attempt_due(const pl_broker *b, const confirm *rec, uint64_t now
  * the next poll. */
 static uint64_t confirm_next(const confirm *rec, uint64_t now)
 {
+    uint64_t at = rec->poll_from > now ? rec->poll_from : now + 1;
+
     if (!rec->polling)
         return rec->due;
-    if (rec->poll_from > now)
-        return rec->poll_from < rec->due ? rec->poll_from : rec->due;
-    return now + 1;
+    return at < rec->due ? at : rec->due;
 }
 
 /* Takes the pending delivery on_settle just left into <rec>: a new attempt,
@@ -408,6 +410,7 @@ static void confirm_attach(pl_broker *b, confirm *rec, uint64_t now)
         rec->sent_ns = uv_hrtime();
     rec->polling = how != PL_CONN_ACK_REPORT;
     rec->rides = how == PL_CONN_ACK_NEXT_REQUEST;
+    rec->since = now;
     rec->poll_from = now + (rec->rides ? CONFIRM_RIDE_MS : 1);
     rec->due = rec->in_grace ? rec->deadline : attempt_due(b, rec, now);
     confirm_arm(b, confirm_next(rec, now));
@@ -481,9 +484,9 @@ static int confirm_extend(pl_broker *b, confirm *rec, uint64_t now)
 }
 
 /* Looks at <rec> on a timer tick or as its controller closes (<closing>:
- * the socket is still open). A polled controller is asked each tick from
- * its poll_from on; any other is asked once, before its connection would
- * be reset. */
+ * the socket is still open). A polled controller is asked at its
+ * poll_from; any other is asked once, before its connection would be
+ * reset. */
 static void confirm_check(pl_broker *b, confirm *rec, uint64_t now, int closing)
 {
     int state;
@@ -500,9 +503,11 @@ static void confirm_check(pl_broker *b, confirm *rec, uint64_t now, int closing)
         return;
     }
     /* Only a polled controller gets here with its attempt not yet judged. */
-    if (state == 0 && rec->polling && !closing &&
-        (now < rec->due || confirm_extend(b, rec, now)))
-        return;
+    if (state == 0 && rec->polling && !closing) {
+        rec->poll_from = now + (rec->rides ? now - rec->since : 1);
+        if (now < rec->due || confirm_extend(b, rec, now))
+            return;
+    }
     confirm_fail(b, rec, now, state < 0 || closing ? PL_CONFIRM_RESET : PL_CONFIRM_TIMEOUT);
 }
 
