@@ -430,9 +430,12 @@ static void confirm_finish(pl_broker *b, confirm *rec, int delivered)
     } else {
         count_dispatch(b, delivered, rec->waited_ms, rec->start_ns);
     }
-    /* The timer stays armed: it finds nothing to do, once, instead of being
-     * stopped and started for each delivery. */
+    /* With nothing left to watch the timer stops: left armed, it would cut
+     * the loop's sleeps short as it counts down, and on a VM a sleep of a
+     * millisecond or two costs more CPU than a wake-up (docs/benchmarks.md). */
     DL_DELETE(b->confirms, rec);
+    if (b->confirms == NULL)
+        uv_timer_stop(&b->confirm_timer);
     pl_pool_free(rec, confirm_size(&rec->msg));
 }
 
