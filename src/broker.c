@@ -26,8 +26,10 @@ static const char json_type[] = "application/json";
 enum { DATA_WAITER = 1, DATA_CONFIRM, DATA_DISPATCH };
 
 /* A dispatch whose payload was written to a controller and waits for that
- * controller's TCP acknowledgement (delivery = confirm). It owns a copy of
- * the key and payload, so it can offer them to the next poll. */
+ * controller's TCP acknowledgement (delivery = confirm). It owns the key and
+ * payload, so it can offer them to the next poll: the payload in the
+ * dispatch request's own bytes, taken over (a copy only where they cannot
+ * be), the key strings copied. */
 typedef struct confirm confirm;
 struct confirm {
     confirm *prev, *next;
@@ -42,15 +44,11 @@ struct confirm {
     unsigned in_grace : 1;
     unsigned polling : 1;  /* no ACK report comes: ask the kernel */
     unsigned rides : 1;    /* its next request is to bring the ACK */
-    pl_message msg;        /* views into data[] */
+    pl_buf request;        /* the dispatch request's bytes, or none */
+    size_t size;           /* of the record, for pl_pool_free() */
+    pl_message msg;        /* views into request or data[] */
     char data[];
 };
-
-/* A record's bytes: its payload and key strings follow it. */
-static size_t confirm_size(const pl_message *m)
-{
-    return sizeof(confirm) + m->payload_len + m->key.deployment_len + m->key.version_len;
-}
 
 /* An attempt lasts at least this long before the run moves on to another
  * poll: above Linux's shortest delayed ACK (40 ms), so a live controller
@@ -436,7 +434,8 @@ static void confirm_finish(pl_broker *b, confirm *rec, int delivered)
     DL_DELETE(b->confirms, rec);
     if (b->confirms == NULL)
         uv_timer_stop(&b->confirm_timer);
-    pl_pool_free(rec, confirm_size(&rec->msg));
+    pl_buf_free(&rec->request);
+    pl_pool_free(rec, rec->size);
 }
 
 static void confirm_acked(pl_broker *b, confirm *rec, pl_confirm_method how)
@@ -552,24 +551,33 @@ static void confirm_on_acked(pl_broker *b, confirm *rec)
 static void confirm_start(pl_broker *b, pl_conn *dispatcher, const pl_message *m,
                           uint64_t now, uint64_t waited_ms, uint64_t start_ns)
 {
-    size_t dl = m->key.deployment_len, vl = m->key.version_len;
-    confirm *rec = pl_pool_alloc(confirm_size(m), NULL);
+    size_t dl = m->key.deployment_len, vl = m->key.version_len, pl = 0;
+    pl_buf request = {0};
+    confirm *rec;
 
+    /* The payload is a view into the request's bytes: keeping them saves a
+     * copy of it for every delivery. */
+    if (pl_conn_take_request(dispatcher, &request) != 0)
+        pl = m->payload_len;
+    rec = pl_pool_alloc(sizeof(*rec) + pl + dl + vl, NULL);
     if (rec == NULL) {
         /* Written but cannot be watched: answer as delivery = written. */
+        pl_buf_free(&request);
         pl_engine_confirm(b->engine, b->taken_waiter, 1);
         answer_dispatch(b, dispatcher, 1, waited_ms, start_ns);
         return;
     }
     memset(rec, 0, sizeof(*rec));
-    memcpy(rec->data, m->payload, m->payload_len);
-    memcpy(rec->data + m->payload_len, m->key.deployment, dl);
-    memcpy(rec->data + m->payload_len + dl, m->key.version, vl);
+    rec->size = sizeof(*rec) + pl + dl + vl;
+    rec->request = request;
+    memcpy(rec->data, m->payload, pl);
+    memcpy(rec->data + pl, m->key.deployment, dl);
+    memcpy(rec->data + pl + dl, m->key.version, vl);
     rec->msg.key = m->key;
-    rec->msg.payload = rec->data;
+    rec->msg.payload = pl > 0 ? rec->data : m->payload;
     rec->msg.payload_len = m->payload_len;
-    rec->msg.key.deployment = rec->data + m->payload_len;
-    rec->msg.key.version = rec->data + m->payload_len + dl;
+    rec->msg.key.deployment = rec->data + pl;
+    rec->msg.key.version = rec->data + pl + dl;
     rec->dispatcher = dispatcher;
     rec->deadline = now + b->cfg->confirm_timeout_ms;
     rec->start_ns = start_ns;

@@ -393,3 +393,9 @@ void pl_h1_release(pl_h1 *h)
 {
     pl_buf_free(&h->arena);
 }
+
+void pl_h1_take_arena(pl_h1 *h, pl_buf *out)
+{
+    *out = h->arena;
+    memset(&h->arena, 0, sizeof(h->arena));
+}

@@ -834,6 +834,14 @@ void pl_conn_detect_dead_peer(pl_conn *c, unsigned idle_s, unsigned interval_s,
         setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &v, sizeof(v));
 }
 
+int pl_conn_take_request(pl_conn *c, pl_buf *out)
+{
+    if (c->h1 == NULL || !c->pending)
+        return -1;
+    pl_h1_take_arena(c->h1, out);
+    return 0;
+}
+
 void *pl_conn_app(const pl_conn *c)
 {
     return conn_http(c)->app;

@@ -144,6 +144,11 @@ void *pl_conn_app(const pl_conn *c);
 /* Tags the current request (e.g. with its route) for on_response. */
 void pl_conn_set_tag(pl_conn *c, unsigned tag);
 
+/* During on_request for <c>: hands the bytes the request's views point into
+ * over to <out> (freed with pl_buf_free()), so the application can keep
+ * them past the call without copying. Returns 0, or -1 when there are none. */
+int pl_conn_take_request(pl_conn *c, pl_buf *out);
+
 /* The application's pointer for <c>, with a <kind> of its choosing (0 when
  * none is set); on_close fires only while one is set. */
 void pl_conn_set_data(pl_conn *c, void *data, unsigned kind);
