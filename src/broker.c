@@ -574,7 +574,7 @@ static void confirm_start(pl_broker *b, pl_conn *dispatcher, const pl_message *m
     memcpy(rec->data + pl, m->key.deployment, dl);
     memcpy(rec->data + pl + dl, m->key.version, vl);
     rec->msg.key = m->key;
-    rec->msg.payload = pl > 0 ? rec->data : m->payload;
+    rec->msg.payload = request.data != NULL ? m->payload : rec->data;
     rec->msg.payload_len = m->payload_len;
     rec->msg.key.deployment = rec->data + pl;
     rec->msg.key.version = rec->data + pl + dl;

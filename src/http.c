@@ -72,7 +72,8 @@ struct pl_conn {
     unsigned acks : 2;         /* ACK reports: ACKS_OFF, ACKS_ON, ACKS_REFUSED */
     unsigned ack_waiting : 1;  /* on_acked is due at ack_want */
     /* Its ACKs come with its next request, which says as much as a report
-     * would: its writes ask for none, saving a recvmsg() and the wake-up. */
+     * would: its writes ask for none, saving a recvmsg() and libuv's
+     * EPOLL_CTL_MOD per delivery. */
     unsigned acks_ride : 1;
     unsigned reported : 1;     /* the last byte written asked for a report */
     uint32_t out_bytes;        /* bytes ever given to conn_write, mod 2^32 */
@@ -838,8 +839,7 @@ int pl_conn_take_request(pl_conn *c, pl_buf *out)
 {
     if (c->h1 == NULL || !c->pending)
         return -1;
-    pl_h1_take_arena(c->h1, out);
-    return 0;
+    return pl_h1_take_arena(c->h1, out);
 }
 
 void *pl_conn_app(const pl_conn *c)
