@@ -26,8 +26,10 @@ static const char json_type[] = "application/json";
 enum { DATA_WAITER = 1, DATA_CONFIRM, DATA_DISPATCH };
 
 /* A dispatch whose payload was written to a controller and waits for that
- * controller's TCP acknowledgement (delivery = confirm). It owns a copy of
- * the key and payload, so it can offer them to the next poll. */
+ * controller's TCP acknowledgement (delivery = confirm). It owns the key and
+ * payload, so it can offer them to the next poll: the payload in the
+ * dispatch request's own bytes, taken over (a copy only where they cannot
+ * be), the key strings copied. */
 typedef struct confirm confirm;
 struct confirm {
     confirm *prev, *next;
@@ -37,22 +39,26 @@ struct confirm {
     uint64_t deadline;     /* of the whole confirmation (loop ms) */
     uint64_t due;          /* of this attempt (loop ms) */
     uint64_t start_ns, sent_ns, waited_ms;
+    uint64_t since;        /* this attempt began (loop ms) */
+    uint64_t poll_from;    /* a polled attempt's next look (loop ms) */
     unsigned in_grace : 1;
-    unsigned polling : 1;  /* this controller gives no ACK reports */
-    pl_message msg;        /* views into data[] */
+    unsigned polling : 1;  /* no ACK report comes: ask the kernel */
+    unsigned rides : 1;    /* its next request is to bring the ACK */
+    pl_buf request;        /* the dispatch request's bytes, or none */
+    size_t size;           /* of the record, for pl_pool_free() */
+    pl_message msg;        /* views into request or data[] */
     char data[];
 };
-
-/* A record's bytes: its payload and key strings follow it. */
-static size_t confirm_size(const pl_message *m)
-{
-    return sizeof(confirm) + m->payload_len + m->key.deployment_len + m->key.version_len;
-}
 
 /* An attempt lasts at least this long before the run moves on to another
  * poll: above Linux's shortest delayed ACK (40 ms), so a live controller
  * whose ACK was merely delayed is not reset. */
 #define CONFIRM_ATTEMPT_MIN_MS 50
+
+/* A controller whose ACK comes with its next request is asked for it only
+ * once that request is this late, then each time its wait has doubled: a
+ * prompt one costs no syscall at all, a stalled crowd few. */
+#define CONFIRM_RIDE_MS 10
 
 /* One listener's view of the broker: the <app> of its pl_http. */
 typedef struct {
@@ -376,17 +382,36 @@ static uint64_t attempt_due(const pl_broker *b, const confirm *rec, uint64_t now
     return due < rec->deadline ? due : rec->deadline;
 }
 
+/* When <rec> is next to be looked at, seen at <now>: its attempt's end, or
+ * the next poll. */
+static uint64_t confirm_next(const confirm *rec, uint64_t now)
+{
+    uint64_t at = rec->poll_from > now ? rec->poll_from : now + 1;
+
+    if (!rec->polling)
+        return rec->due;
+    return at < rec->due ? at : rec->due;
+}
+
 /* Takes the pending delivery on_settle just left into <rec>: a new attempt,
- * watched by the controller's ACK report where it gives one. */
+ * watched by the controller's ACK report where it gives one, else by its
+ * next request or by polling. */
 static void confirm_attach(pl_broker *b, confirm *rec, uint64_t now)
 {
+    int how;
+
     rec->w = b->taken_waiter;
     rec->controller = b->taken_conn;
     pl_conn_set_data(rec->controller, rec, DATA_CONFIRM);
-    rec->sent_ns = uv_hrtime();
-    rec->polling = pl_conn_expect_ack(rec->controller) != 0;
+    how = pl_conn_expect_ack(rec->controller);
+    if (how == PL_CONN_ACK_REPORT)
+        rec->sent_ns = uv_hrtime();
+    rec->polling = how != PL_CONN_ACK_REPORT;
+    rec->rides = how == PL_CONN_ACK_NEXT_REQUEST;
+    rec->since = now;
+    rec->poll_from = now + (rec->rides ? CONFIRM_RIDE_MS : 1);
     rec->due = rec->in_grace ? rec->deadline : attempt_due(b, rec, now);
-    confirm_arm(b, rec->polling ? now + 1 : rec->due);
+    confirm_arm(b, confirm_next(rec, now));
 }
 
 static void confirm_finish(pl_broker *b, confirm *rec, int delivered)
@@ -403,10 +428,14 @@ static void confirm_finish(pl_broker *b, confirm *rec, int delivered)
     } else {
         count_dispatch(b, delivered, rec->waited_ms, rec->start_ns);
     }
+    /* With nothing left to watch the timer stops: left armed, it would cut
+     * the loop's sleeps short as it counts down, and on a VM a sleep of a
+     * millisecond or two costs more CPU than a wake-up (docs/benchmarks.md). */
     DL_DELETE(b->confirms, rec);
     if (b->confirms == NULL)
         uv_timer_stop(&b->confirm_timer);
-    pl_pool_free(rec, confirm_size(&rec->msg));
+    pl_buf_free(&rec->request);
+    pl_pool_free(rec, rec->size);
 }
 
 static void confirm_acked(pl_broker *b, confirm *rec, pl_confirm_method how)
@@ -457,23 +486,30 @@ static int confirm_extend(pl_broker *b, confirm *rec, uint64_t now)
 }
 
 /* Looks at <rec> on a timer tick or as its controller closes (<closing>:
- * the socket is still open). A polled controller is asked each tick; any
- * other is asked once, before its connection would be reset. */
+ * the socket is still open). A polled controller is asked at its
+ * poll_from; any other is asked once, before its connection would be
+ * reset. */
 static void confirm_check(pl_broker *b, confirm *rec, uint64_t now, int closing)
 {
     int state;
 
     if (!rec->polling && !closing && (now < rec->due || confirm_extend(b, rec, now)))
         return;
+    if (rec->polling && !closing && now < rec->poll_from && now < rec->due)
+        return;
     state = pl_conn_acknowledged(rec->controller);
     if (state == 1) {
+        if (rec->rides && !closing)
+            pl_conn_report_acks(rec->controller); /* it stopped re-polling at once */
         confirm_acked(b, rec, PL_CONFIRM_BY_POLL);
         return;
     }
     /* Only a polled controller gets here with its attempt not yet judged. */
-    if (state == 0 && rec->polling && !closing &&
-        (now < rec->due || confirm_extend(b, rec, now)))
-        return;
+    if (state == 0 && rec->polling && !closing) {
+        rec->poll_from = now + (rec->rides ? now - rec->since : 1);
+        if (now < rec->due || confirm_extend(b, rec, now))
+            return;
+    }
     confirm_fail(b, rec, now, state < 0 || closing ? PL_CONFIRM_RESET : PL_CONFIRM_TIMEOUT);
 }
 
@@ -490,7 +526,7 @@ static void confirm_tick(uv_timer_t *t)
     /* A record left can only be one still waiting (a settled one is freed,
      * a redelivered one re-armed the timer already). */
     for (rec = b->confirms; rec != NULL; rec = rec->next) {
-        uint64_t due = rec->polling ? now + 1 : rec->due;
+        uint64_t due = confirm_next(rec, now);
         if (due < next)
             next = due;
     }
@@ -515,24 +551,33 @@ static void confirm_on_acked(pl_broker *b, confirm *rec)
 static void confirm_start(pl_broker *b, pl_conn *dispatcher, const pl_message *m,
                           uint64_t now, uint64_t waited_ms, uint64_t start_ns)
 {
-    size_t dl = m->key.deployment_len, vl = m->key.version_len;
-    confirm *rec = pl_pool_alloc(confirm_size(m), NULL);
+    size_t dl = m->key.deployment_len, vl = m->key.version_len, pl = 0;
+    pl_buf request = {0};
+    confirm *rec;
 
+    /* The payload is a view into the request's bytes: keeping them saves a
+     * copy of it for every delivery. */
+    if (pl_conn_take_request(dispatcher, &request) != 0)
+        pl = m->payload_len;
+    rec = pl_pool_alloc(sizeof(*rec) + pl + dl + vl, NULL);
     if (rec == NULL) {
         /* Written but cannot be watched: answer as delivery = written. */
+        pl_buf_free(&request);
         pl_engine_confirm(b->engine, b->taken_waiter, 1);
         answer_dispatch(b, dispatcher, 1, waited_ms, start_ns);
         return;
     }
     memset(rec, 0, sizeof(*rec));
-    memcpy(rec->data, m->payload, m->payload_len);
-    memcpy(rec->data + m->payload_len, m->key.deployment, dl);
-    memcpy(rec->data + m->payload_len + dl, m->key.version, vl);
+    rec->size = sizeof(*rec) + pl + dl + vl;
+    rec->request = request;
+    memcpy(rec->data, m->payload, pl);
+    memcpy(rec->data + pl, m->key.deployment, dl);
+    memcpy(rec->data + pl + dl, m->key.version, vl);
     rec->msg.key = m->key;
-    rec->msg.payload = rec->data;
+    rec->msg.payload = request.data != NULL ? m->payload : rec->data;
     rec->msg.payload_len = m->payload_len;
-    rec->msg.key.deployment = rec->data + m->payload_len;
-    rec->msg.key.version = rec->data + m->payload_len + dl;
+    rec->msg.key.deployment = rec->data + pl;
+    rec->msg.key.version = rec->data + pl + dl;
     rec->dispatcher = dispatcher;
     rec->deadline = now + b->cfg->confirm_timeout_ms;
     rec->start_ns = start_ns;

@@ -393,3 +393,12 @@ void pl_h1_release(pl_h1 *h)
 {
     pl_buf_free(&h->arena);
 }
+
+int pl_h1_take_arena(pl_h1 *h, pl_buf *out)
+{
+    if (h->arena.data == NULL)
+        return -1;
+    *out = h->arena;
+    memset(&h->arena, 0, sizeof(h->arena));
+    return 0;
+}

@@ -74,6 +74,11 @@ struct pl_conn {
     unsigned head : 1;         /* that request is a HEAD */
     unsigned acks : 2;         /* ACK reports: ACKS_OFF, ACKS_ON, ACKS_REFUSED */
     unsigned ack_waiting : 1;  /* on_acked is due at ack_want */
+    /* Its ACKs come with its next request, which says as much as a report
+     * would: its writes ask for none, saving a recvmsg() and libuv's
+     * EPOLL_CTL_MOD per delivery. */
+    unsigned acks_ride : 1;
+    unsigned reported : 1;     /* the last byte written asked for a report */
     uint32_t out_bytes;        /* bytes ever given to conn_write, mod 2^32 */
     uint32_t ack_origin;       /* out_bytes in the kernel when reports began */
     uint32_t ack_want;         /* report offset that fires on_acked */
@@ -226,6 +231,46 @@ static void on_write(uv_write_t *req, int status)
         conn_close(c);
 }
 
+/* As uv_try_write() for <n> (at most 2) buffers while nothing is queued,
+ * asking the kernel for a report when the peer has acknowledged the last
+ * byte: per write, so writes not asking cost nothing. Returns the bytes
+ * written, UV_EAGAIN, or a negative error. */
+static int conn_try_write_reported(pl_conn *c, const uv_buf_t *bufs, unsigned n)
+{
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } ctl = {{0}}; /* its padding goes to the kernel too */
+    struct iovec iov[2];
+    struct msghdr msg = {.msg_iov = iov, .msg_iovlen = n,
+                         .msg_control = ctl.buf, .msg_controllen = sizeof(ctl.buf)};
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+    int tx_ack = SOF_TIMESTAMPING_TX_ACK;
+    uv_os_fd_t fd;
+    ssize_t r;
+
+    if (uv_fileno((uv_handle_t *)&c->tcp, &fd) != 0)
+        return UV_EBADF;
+    for (unsigned i = 0; i < n; i++)
+        iov[i] = (struct iovec){bufs[i].base, bufs[i].len};
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SO_TIMESTAMPING;
+    cm->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(cm), &tx_ack, sizeof(tx_ack));
+    do
+        r = sendmsg(fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+    while (r < 0 && errno == EINTR);
+    if (r >= 0)
+        return (int)r;
+    if (errno == EINVAL) {
+        /* A kernel taking the option but not the per-write request. */
+        c->acks = ACKS_REFUSED;
+        c->reported = 0;
+        return uv_try_write((uv_stream_t *)&c->tcp, bufs, n);
+    }
+    return errno == EAGAIN || errno == EWOULDBLOCK || errno == ENOBUFS ? UV_EAGAIN : -errno;
+}
+
 /* Writes <bufs>, copying what the socket cannot take now. Returns 0, or -1
  * when the connection failed (it is then closing). */
 static int conn_write(pl_conn *c, const uv_buf_t *bufs, unsigned n)
@@ -241,7 +286,13 @@ static int conn_write(pl_conn *c, const uv_buf_t *bufs, unsigned n)
     for (unsigned i = 0; i < n; i++)
         total += bufs[i].len;
     c->out_bytes += (uint32_t)total;
-    r = uv_try_write((uv_stream_t *)&c->tcp, bufs, n);
+    /* Queued bytes go first, and the rest after them, unreported. */
+    c->reported = c->acks == ACKS_ON && !c->acks_ride && n <= 2 &&
+                  uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) == 0;
+    if (c->reported)
+        r = conn_try_write_reported(c, bufs, n);
+    else
+        r = uv_try_write((uv_stream_t *)&c->tcp, bufs, n);
     if (r == UV_EAGAIN)
         r = 0;
     if (r < 0) {
@@ -250,6 +301,7 @@ static int conn_write(pl_conn *c, const uv_buf_t *bufs, unsigned n)
     }
     if ((size_t)r == total)
         return 0;
+    c->reported = 0; /* its last byte goes out later, unreported */
     skip = (size_t)r;
     rest = total - skip;
     if (uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) + rest >
@@ -551,8 +603,9 @@ static void alloc_cb(uv_handle_t *handle, size_t suggested, uv_buf_t *buf)
 
 /* Takes one report off <c>'s error queue; fires on_acked when it says the
  * peer acknowledged up to ack_want. One per call: a queue holding more keeps
- * EPOLLERR raised and is taken on the next turns, never spinning in place. */
-static void conn_take_ack_report(pl_conn *c)
+ * EPOLLERR raised and is taken on the next turns, never spinning in place.
+ * <with_request>: the report came with bytes of a request. */
+static void conn_take_ack_report(pl_conn *c, int with_request)
 {
     union {
         char buf[512];
@@ -578,6 +631,7 @@ static void conn_take_ack_report(pl_conn *c)
         if (c->ack_waiting && (int32_t)(ee->ee_data - c->ack_want) >= 0) {
             pl_http *h = conn_http(c);
             c->ack_waiting = 0;
+            c->acks_ride = with_request != 0;
             if (h->cb.on_acked)
                 h->cb.on_acked(h->app, c);
         }
@@ -598,7 +652,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
      * its ACK carries that ACK, so its report is queued already: take it
      * first, saving the extra wakeup. */
     if (c->acks == ACKS_ON && (nread == 0 || c->ack_waiting))
-        conn_take_ack_report(c);
+        conn_take_ack_report(c, nread > 0);
     if (nread == 0 || c->finishing || c->closing)
         return; /* lingering: drop what arrives */
     if (c->pending || c->in.len > 0) {
@@ -732,9 +786,9 @@ int pl_conn_acknowledged(const pl_conn *c)
 
 int pl_conn_watch_acks(pl_conn *c)
 {
-    int flags = SOF_TIMESTAMPING_TX_ACK | SOF_TIMESTAMPING_SOFTWARE |
-                SOF_TIMESTAMPING_OPT_ID | SOF_TIMESTAMPING_OPT_ID_TCP |
-                SOF_TIMESTAMPING_OPT_TSONLY;
+    /* How reports look; each write asks for its own (TX_ACK). */
+    int flags = SOF_TIMESTAMPING_SOFTWARE | SOF_TIMESTAMPING_OPT_ID |
+                SOF_TIMESTAMPING_OPT_ID_TCP | SOF_TIMESTAMPING_OPT_TSONLY;
     uv_os_fd_t fd;
 
     if (c->acks != ACKS_OFF)
@@ -753,10 +807,17 @@ int pl_conn_watch_acks(pl_conn *c)
 int pl_conn_expect_ack(pl_conn *c)
 {
     if (c->acks != ACKS_ON || c->closing || c->out_bytes == c->ack_origin)
-        return -1;
+        return PL_CONN_ACK_POLL;
+    if (!c->reported)
+        return c->acks_ride ? PL_CONN_ACK_NEXT_REQUEST : PL_CONN_ACK_POLL;
     c->ack_want = c->out_bytes - c->ack_origin - 1; /* offset of the last byte */
     c->ack_waiting = 1;
-    return 0;
+    return PL_CONN_ACK_REPORT;
+}
+
+void pl_conn_report_acks(pl_conn *c)
+{
+    c->acks_ride = 0;
 }
 
 void pl_conn_detect_dead_peer(pl_conn *c, unsigned idle_s, unsigned interval_s,
@@ -777,6 +838,13 @@ void pl_conn_detect_dead_peer(pl_conn *c, unsigned idle_s, unsigned interval_s,
         setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &v, sizeof(v));
     if ((v = (int)user_timeout_ms) > 0)
         setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &v, sizeof(v));
+}
+
+int pl_conn_take_request(pl_conn *c, pl_buf *out)
+{
+    if (c->h1 == NULL || !c->pending)
+        return -1;
+    return pl_h1_take_arena(c->h1, out);
 }
 
 void *pl_conn_app(const pl_conn *c)

@@ -88,4 +88,9 @@ void pl_h1_request(const pl_h1 *h, pl_request *req);
 /* Frees the request arena (a parked poll keeps no request bytes). */
 void pl_h1_release(pl_h1 *h);
 
+/* Hands the request arena, which the views of pl_h1_request() point into,
+ * over to <out> (freed with pl_buf_free()); <h> keeps none. Returns 0, or
+ * -1 (nothing handed) when it is empty. */
+int pl_h1_take_arena(pl_h1 *h, pl_buf *out);
+
 #endif

@@ -110,10 +110,27 @@ int pl_conn_acknowledged(const pl_conn *c);
  * (poll pl_conn_acknowledged() for it instead), else 0. */
 int pl_conn_watch_acks(pl_conn *c);
 
+/* How the application learns that <c>'s peer acknowledged its bytes. */
+enum {
+    PL_CONN_ACK_POLL = -1,        /* no report: ask pl_conn_acknowledged() */
+    PL_CONN_ACK_REPORT = 0,       /* on_acked(<c>) fires */
+    PL_CONN_ACK_NEXT_REQUEST = 1, /* its next request brings the ACK (it did
+                                   * last time): no report; if the request
+                                   * is late, ask pl_conn_acknowledged() */
+};
+
 /* Asks for on_acked(<c>) once the peer has acknowledged every byte written
- * to <c> so far; replaces an earlier mark. Returns 0, or -1 when <c> gets no
- * ACK reports or nothing was written since they began. */
+ * to <c> so far; replaces an earlier mark. Returns PL_CONN_ACK_REPORT, or
+ * how else to learn of it: PL_CONN_ACK_NEXT_REQUEST when <c>'s last ACK
+ * reported came with its next request (later writes ask for no report
+ * until pl_conn_report_acks()), PL_CONN_ACK_POLL when <c> gets no reports,
+ * its last byte went out unreported or nothing was written since reports
+ * began. */
 int pl_conn_expect_ack(pl_conn *c);
+
+/* <c>'s ACK did not come with its next request in time: its writes ask for
+ * ACK reports again. */
+void pl_conn_report_acks(pl_conn *c);
 
 /* Turns on TCP keepalive and TCP_USER_TIMEOUT for <c> (once per connection;
  * later calls do nothing), so a peer that vanished without FIN or RST is
@@ -126,6 +143,11 @@ void *pl_conn_app(const pl_conn *c);
 
 /* Tags the current request (e.g. with its route) for on_response. */
 void pl_conn_set_tag(pl_conn *c, unsigned tag);
+
+/* During on_request for <c>: hands the bytes the request's views point into
+ * over to <out> (freed with pl_buf_free()), so the application can keep
+ * them past the call without copying. Returns 0, or -1 when there are none. */
+int pl_conn_take_request(pl_conn *c, pl_buf *out);
 
 /* The application's pointer for <c>, with a <kind> of its choosing (0 when
  * none is set); on_close fires only while one is set. */
