@@ -885,7 +885,7 @@ static void conn_open(pl_http *h, int fd)
     pl_conn *c = conn_from_fd(h, fd);
 
     if (c == NULL) {
-        PL_LOG(PL_LOG_ERROR, "cannot take an accepted connection (out of memory)", NULL);
+        PL_LOG(PL_LOG_ERROR, "cannot take an accepted connection", NULL);
         return;
     }
     conn_start(c, TL_REQUEST);

@@ -83,7 +83,6 @@ enum { PL_HTTP_REFUSED_MAX_CONNECTIONS = 0, PL_HTTP_REFUSED_FD_LIMIT, PL_HTTP_RE
 /* Connections refused for <reason> since start. */
 uint64_t pl_http_refused(const pl_http *h, unsigned reason);
 
-
 /* Sends a response with <status>, optional Content-Type, optional extra
  * header lines (each ending in \r\n) and <body>. The bytes are copied if the
  * socket cannot take them at once. Returns 0 when the socket accepted or
@@ -186,6 +185,5 @@ size_t pl_http_each_idle(pl_http *h, void (*fn)(pl_conn *c, void *arg), void *ar
 
 /* Bytes a connection costs the server while it waits (struct sizes). */
 size_t pl_conn_size(void);
-
 
 #endif
