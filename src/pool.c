@@ -2,6 +2,7 @@
 #include <string.h>
 
 #include <sys/mman.h>
+#include <unistd.h>
 #include <utlist.h>
 
 #include "pilotlight/mem.h"
@@ -209,14 +210,37 @@ static void chunk_release(pl_pool *p, pl_pool_chunk *c)
     p->bare[p->nbare++] = c;
 }
 
+/* Empties <c> back to uncarved, keeping resident only the pages of its
+ * first object: a connection that comes alone after a trim (a scrape, a
+ * health check) takes that object and touches no fresh page, so what is
+ * resident at rest does not depend on whether a trim came after it. */
+static void chunk_keep_first(pl_pool *p, pl_pool_chunk *c)
+{
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    size_t keep = (HEADER_SIZE + stride(p) + page - 1) & ~(page - 1);
+
+    if (keep < PL_POOL_CHUNK_SIZE)
+        madvise((char *)c + keep, PL_POOL_CHUNK_SIZE - keep, MADV_DONTNEED);
+    c->free = NULL;
+    c->carved = 0;
+    POISON((char *)c + HEADER_SIZE, PL_POOL_CHUNK_SIZE - HEADER_SIZE);
+    VALGRIND_MAKE_MEM_NOACCESS((char *)c + HEADER_SIZE, PL_POOL_CHUNK_SIZE - HEADER_SIZE);
+}
+
 static size_t pool_trim(pl_pool *p)
 {
     uint64_t returned = p->chunks_returned;
-    pl_pool_chunk *c, *next;
+    pl_pool_chunk *c, *next, *spare = p->avail;
 
+    /* A spare only where no chunk with a free object would remain. */
+    DL_FOREACH(p->avail, c)
+        if (c->used != 0)
+            spare = NULL;
     DL_FOREACH_SAFE(p->avail, c, next)
-        if (c->used == 0)
+        if (c->used == 0 && c != spare)
             chunk_release(p, c);
+    if (spare != NULL)
+        chunk_keep_first(p, spare);
     return (size_t)(p->chunks_returned - returned);
 }
 

@@ -1,25 +1,32 @@
 /* proc.c -- this process's CPU, memory, descriptors and start time. */
 #include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "pilotlight/proc.h"
 
-/* Reads <path> into <buf>; returns the length, or -1. */
+/* Reads <path> into <buf>; returns the length, or -1. No stdio: a FILE
+ * and its buffer would be a malloc per scrape (see count_fds). */
 static ssize_t read_file(const char *path, char *buf, size_t cap)
 {
-    FILE *f = fopen(path, "re");
-    size_t n;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    ssize_t n;
+    size_t len = 0;
 
-    if (f == NULL)
+    if (fd < 0)
         return -1;
-    n = fread(buf, 1, cap - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    return (ssize_t)n;
+    while (len < cap - 1 && ((n = read(fd, buf + len, cap - 1 - len)) > 0 || (n < 0 && errno == EINTR)))
+        if (n > 0)
+            len += (size_t)n;
+    close(fd);
+    buf[len] = '\0';
+    return (ssize_t)len;
 }
 
 /* The boot time (btime in /proc/stat), seconds since the epoch; read once,
@@ -67,18 +74,29 @@ static int read_stat(pl_proc_stats *out)
     return 0;
 }
 
+/* Counts the entries of /proc/self/fd with getdents64 into a static buffer:
+ * opendir() would malloc a 32 KiB buffer per scrape, and whether its pages
+ * are resident afterwards would depend on whether a trim came after it. */
 static int count_fds(uint64_t *out)
 {
-    DIR *d = opendir("/proc/self/fd");
-    struct dirent *e;
+    static char buf[4096] __attribute__((aligned(8)));
+    int fd = open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     uint64_t n = 0;
+    long got;
 
-    if (d == NULL)
+    if (fd < 0)
         return -1;
-    while ((e = readdir(d)) != NULL)
-        if (e->d_name[0] != '.' && atoi(e->d_name) != dirfd(d))
-            n++; /* not the descriptor this listing is read through */
-    closedir(d);
+    while ((got = syscall(SYS_getdents64, fd, buf, sizeof(buf))) > 0) {
+        for (long off = 0; off < got;) {
+            struct dirent64 *e = (struct dirent64 *)(void *)(buf + off);
+            if (e->d_name[0] != '.' && atoi(e->d_name) != fd)
+                n++; /* not the descriptor this listing is read through */
+            off += e->d_reclen;
+        }
+    }
+    close(fd);
+    if (got < 0)
+        return -1;
     *out = n;
     return 0;
 }

@@ -16,6 +16,7 @@ read a second after the last connection closed."""
 
 import os
 import socket
+import threading
 import time
 
 import pytest
@@ -105,10 +106,22 @@ def mix(server, tag, cycles, seconds, scale=1):
             bad_requests(server.port, 1000 * scale) + match_cycles(server, seconds))
 
 
-def rss_kb(pid):
-    time.sleep(1)
+def rss_kb(pid, settle=1):
+    time.sleep(settle)
     with open(f"/proc/{pid}/status") as f:
         return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+
+class PeakRss(threading.Thread):
+    """The highest RSS seen, read every 20 ms while the operations run."""
+
+    def __init__(self, pid):
+        super().__init__(daemon=True)
+        self.pid, self.peak, self.done = pid, 0, threading.Event()
+
+    def run(self):
+        while not self.done.wait(0.02):
+            self.peak = max(self.peak, rss_kb(self.pid, 0))
 
 
 def test_mixed_operations_allocate_no_chunk(start_server):
@@ -120,15 +133,20 @@ def test_mixed_operations_allocate_no_chunk(start_server):
     mix(s, "warm", 4000, 0.5, SCALE)
     before = assert_ledger(s.metrics())
     rss_before = rss_kb(s.proc.pid)
+    peak = PeakRss(s.proc.pid)
+    peak.start()
     ops = mix(s, "measured", 16000 * SCALE, 2 * SCALE, SCALE)
     while ops < OPS:  # match cycles are slower on a sanitizer build
         ops += match_cycles(s, 2)
+    peak.done.set()
+    peak.join()
     after = assert_ledger(s.metrics())
     rss_after = rss_kb(s.proc.pid)
     print(f"\n[pool] {ops} operations; chunks allocated "
           f"{chunks_allocated(before):.0f} -> {chunks_allocated(after):.0f}, "
           f"returned {after.sum('pilotlight_pool_chunks_returned_total'):.0f}; "
-          f"RSS KiB warmed {rss_before}, end {rss_after} ({rss_after - rss_before:+d})")
+          f"RSS KiB warmed {rss_before}, peak {peak.peak}, end {rss_after} "
+          f"({rss_after - rss_before:+d})")
     assert after.parked_now == 0
     assert after.parked_total - before.parked_total >= 16000 + 400
     grew = {k[1]: (before.samples.get(k, 0), v) for k, v in after.samples.items()
