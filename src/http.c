@@ -30,7 +30,7 @@
 
 #define READ_BUFFER_SIZE 65536
 #define LINGER_MS 2000
-#define ACCEPT_BATCH 32     /* connections taken per wake-up, for fairness */
+#define ACCEPT_BATCH 32 /* per wake-up: fairness, and a backlog is not all held at once */
 #define ACCEPT_PAUSE_MS 100 /* after an accept error that would persist */
 /* Pool memory goes back to the system when the open connections fall to an
  * eighth of their peak since the last time, and that peak was at least
