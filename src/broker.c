@@ -404,6 +404,8 @@ static void confirm_attach(pl_broker *b, confirm *rec, uint64_t now)
     rec->controller = b->taken_conn;
     pl_conn_set_data(rec->controller, rec, DATA_CONFIRM);
     how = pl_conn_expect_ack(rec->controller);
+    if (how == PL_CONN_ACK_REFUSED)
+        b->metrics.ack_events_refused++; /* set on the socket, refused per write */
     if (how == PL_CONN_ACK_REPORT)
         rec->sent_ns = uv_hrtime();
     rec->polling = how != PL_CONN_ACK_REPORT;

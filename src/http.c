@@ -72,7 +72,7 @@ struct pl_conn {
     unsigned tuned : 1;        /* dead-peer detection is on */
     unsigned keep_alive : 1;   /* of the request being answered */
     unsigned head : 1;         /* that request is a HEAD */
-    unsigned acks : 2;         /* ACK reports: ACKS_OFF, ACKS_ON, ACKS_REFUSED */
+    unsigned acks : 2;         /* ACK reports: ACKS_OFF, ACKS_ON, ACKS_REFUSED[_NEW] */
     unsigned ack_waiting : 1;  /* on_acked is due at ack_want */
     /* Its ACKs come with its next request, which says as much as a report
      * would: its writes ask for none, saving a recvmsg() and libuv's
@@ -84,7 +84,8 @@ struct pl_conn {
     uint32_t ack_want;         /* report offset that fires on_acked */
 };
 
-enum { ACKS_OFF = 0, ACKS_ON, ACKS_REFUSED };
+/* ACKS_REFUSED_NEW: refused by a write, not yet told by pl_conn_expect_ack. */
+enum { ACKS_OFF = 0, ACKS_ON, ACKS_REFUSED, ACKS_REFUSED_NEW };
 
 /* Accepting is done here rather than by uv_listen(): at EMFILE libuv sheds
  * the waiting connections without telling its caller, and they are counted
@@ -264,7 +265,7 @@ static int conn_try_write_reported(pl_conn *c, const uv_buf_t *bufs, unsigned n)
         return (int)r;
     if (errno == EINVAL) {
         /* A kernel taking the option but not the per-write request. */
-        c->acks = ACKS_REFUSED;
+        c->acks = ACKS_REFUSED_NEW;
         c->reported = 0;
         return uv_try_write((uv_stream_t *)&c->tcp, bufs, n);
     }
@@ -806,6 +807,10 @@ int pl_conn_watch_acks(pl_conn *c)
 
 int pl_conn_expect_ack(pl_conn *c)
 {
+    if (c->acks == ACKS_REFUSED_NEW) {
+        c->acks = ACKS_REFUSED;
+        return PL_CONN_ACK_REFUSED;
+    }
     if (c->acks != ACKS_ON || c->closing || c->out_bytes == c->ack_origin)
         return PL_CONN_ACK_POLL;
     if (!c->reported)

@@ -116,6 +116,9 @@ enum {
     PL_CONN_ACK_NEXT_REQUEST = 1, /* its next request brings the ACK (it did
                                    * last time): no report; if the request
                                    * is late, ask pl_conn_acknowledged() */
+    PL_CONN_ACK_REFUSED = 2,      /* as POLL, and the kernel has just refused
+                                   * the write's request for a report (told
+                                   * once per connection) */
 };
 
 /* Asks for on_acked(<c>) once the peer has acknowledged every byte written
@@ -124,7 +127,8 @@ enum {
  * reported came with its next request (later writes ask for no report
  * until pl_conn_report_acks()), PL_CONN_ACK_POLL when <c> gets no reports,
  * its last byte went out unreported or nothing was written since reports
- * began. */
+ * began, PL_CONN_ACK_REFUSED when the kernel refused the report a write
+ * asked for (the connection gets none from then on). */
 int pl_conn_expect_ack(pl_conn *c);
 
 /* <c>'s ACK did not come with its next request in time: its writes ask for

@@ -89,3 +89,26 @@ def test_refused_ack_reports_fall_back_to_polling(start_server):
     assert m.get("pilotlight_confirm_ack_events_refused_total") == 3, m.text
     assert m.get("pilotlight_confirm_ack_seconds_count") == 0, m.text
     assert m.settled("matched") == 3 and m.dispatched("hit") == 3, m.text
+
+
+def test_reports_refused_per_write_fall_back_to_polling(start_server):
+    """A kernel that takes the socket option but refuses a write's request
+    for a report: the payload still goes out (without the request), that
+    connection is confirmed by polling from then on, and the refusal is
+    counted once per connection."""
+    env = {"LD_PRELOAD": no_ack_shim(), "PL_NO_ACK_REPORTS": "write",
+           "ASAN_OPTIONS": os.environ.get("ASAN_OPTIONS", "") + ":verify_asan_link_order=0"}
+    srv = start_server("--delivery", "confirm", env=env)
+    ctl = srv.conn()
+    for i in range(3):
+        ctl.request("GET", "/warm-start", poll_headers(controller_id="ctl_refused_write"))
+        srv.wait_parked(1)
+        msg = make_message(run_id=f"run_refused_write_{i}")
+        assert srv.dispatch(msg) is True
+        assert read_payload(ctl) == msg
+    m = srv.metrics()
+    got = methods(m)
+    assert got["ack_event"] == 0, m.text
+    assert got["poll_fallback"] >= 1 and got["poll_fallback"] + got["next_request"] == 3, m.text
+    assert m.get("pilotlight_confirm_ack_events_refused_total") == 1, m.text
+    assert m.settled("matched") == 3 and m.dispatched("hit") == 3, m.text

@@ -1,24 +1,57 @@
 /* no_ack_reports.c -- LD_PRELOAD shim for tests: the kernel "refuses"
  * SO_TIMESTAMPING, as an old or restricted one would, so pilotlight's
- * fallback to polling for a controller's ACK can be tested. */
+ * fallback to polling for a controller's ACK can be tested. By default the
+ * socket option is refused; with PL_NO_ACK_REPORTS=write the option is
+ * taken but a write asking for a report (SO_TIMESTAMPING in a control
+ * message) fails with EINVAL, as on kernels before per-write requests. */
 #include <dlfcn.h>
 #include <errno.h>
 #include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
 #include <sys/socket.h>
 
 #ifndef SO_TIMESTAMPING_NEW
 #define SO_TIMESTAMPING_NEW 65
 #endif
 
+static int refuse_writes(void)
+{
+    const char *mode = getenv("PL_NO_ACK_REPORTS");
+
+    return mode != NULL && strcmp(mode, "write") == 0;
+}
+
+static int is_timestamping(int level, int name)
+{
+    return level == SOL_SOCKET && (name == SO_TIMESTAMPING || name == SO_TIMESTAMPING_NEW);
+}
+
 int setsockopt(int fd, int level, int name, const void *val, socklen_t len)
 {
     static int (*real)(int, int, int, const void *, socklen_t);
 
-    if (level == SOL_SOCKET && (name == SO_TIMESTAMPING || name == SO_TIMESTAMPING_NEW)) {
+    if (is_timestamping(level, name) && !refuse_writes()) {
         errno = EINVAL;
         return -1;
     }
     if (real == NULL)
         *(void **)&real = dlsym(RTLD_NEXT, "setsockopt");
     return real(fd, level, name, val, len);
+}
+
+ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
+{
+    static ssize_t (*real)(int, const struct msghdr *, int);
+
+    if (refuse_writes())
+        for (struct cmsghdr *cm = CMSG_FIRSTHDR(msg); cm != NULL;
+             cm = CMSG_NXTHDR((struct msghdr *)msg, cm))
+            if (is_timestamping(cm->cmsg_level, cm->cmsg_type)) {
+                errno = EINVAL;
+                return -1;
+            }
+    if (real == NULL)
+        *(void **)&real = dlsym(RTLD_NEXT, "sendmsg");
+    return real(fd, msg, flags);
 }
