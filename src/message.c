@@ -5,6 +5,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
 
 #include "pilotlight/mem.h"
 #include "pilotlight/message.h"
@@ -86,6 +89,8 @@ static void skip_ws(reader *r)
 {
     const char *p = r->p;
 
+    if (p < r->end && (unsigned char)*p > ' ')
+        return; /* the usual case: compact JSON */
     while (p < r->end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t'))
         p++;
     r->p = p;
@@ -151,6 +156,31 @@ static const unsigned char plain[256] = {
 };
 #undef ROW
 
+/* Moves <p> to the first byte at or after it that is not plain (or to
+ * <end>). Most of a body is string bytes: on x86-64 they are looked at 16
+ * at a time, a signed compare catching both control bytes and bytes above
+ * 0x7f, and the first special one is found from the mask. */
+static const char *skip_plain(const char *p, const char *end)
+{
+#ifdef __SSE2__
+    const __m128i quote = _mm_set1_epi8('"'), backslash = _mm_set1_epi8('\\'),
+                  space = _mm_set1_epi8(0x20);
+
+    while (end - p >= 16) {
+        __m128i v = _mm_loadu_si128((const __m128i *)(const void *)p);
+        unsigned mask = (unsigned)_mm_movemask_epi8(
+            _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, backslash)),
+                         _mm_cmplt_epi8(v, space)));
+        if (mask != 0)
+            return p + __builtin_ctz(mask);
+        p += 16;
+    }
+#endif
+    while (p < end && plain[(unsigned char)*p])
+        p++;
+    return p;
+}
+
 /* <r->p> is at an opening quote. Validates the string and moves past its
  * closing quote; <s>,<len> are the bytes between the quotes, *esc is set
  * when they hold an escape. */
@@ -165,8 +195,7 @@ static int string(reader *r, const char **s, size_t *len, int *esc)
         unsigned char c;
         int n;
 
-        while (p < end && plain[(unsigned char)*p])
-            p++;
+        p = skip_plain(p, end);
         r->p = p;
         if (p == end)
             return fail(r, "unterminated string");
@@ -254,13 +283,22 @@ static size_t decode(const char *s, size_t len, char *out)
     return (size_t)(o - out);
 }
 
+/* Member names are short: hashed eight bytes at a time (multiply and
+ * fold), the tail byte by byte. */
 static uint32_t hash_name(const char *s, size_t len, uint32_t obj)
 {
-    uint32_t h = 2166136261u ^ (obj * 0x9E3779B9u);
+    const uint64_t k = 0x9E3779B97F4A7C15u;
+    uint64_t h = ((uint64_t)obj << 32 | len) * k, w;
 
-    for (size_t i = 0; i < len; i++)
-        h = (h ^ (unsigned char)s[i]) * 16777619u;
-    return h;
+    for (; len >= 8; s += 8, len -= 8) {
+        memcpy(&w, s, 8);
+        h = (h ^ w) * k;
+        h ^= h >> 29;
+    }
+    for (w = 0; len > 0; len--)
+        w = w << 8 | (unsigned char)s[len - 1];
+    h = (h ^ w) * k;
+    return (uint32_t)(h >> 32 ^ h);
 }
 
 static void place(reader *r, uint32_t idx)
