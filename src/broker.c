@@ -45,10 +45,17 @@ struct confirm {
     unsigned polling : 1;  /* no ACK report comes: ask the kernel */
     unsigned rides : 1;    /* its next request is to bring the ACK */
     pl_buf request;        /* the dispatch request's bytes, or none */
-    size_t size;           /* of the record, for pl_pool_free() */
     pl_message msg;        /* views into request or data[] */
     char data[];
 };
+
+/* A record's bytes: the payload follows it unless the request's bytes were
+ * taken, then the key strings. */
+static size_t confirm_size(const confirm *rec)
+{
+    return sizeof(*rec) + (rec->request.data != NULL ? 0 : rec->msg.payload_len) +
+           rec->msg.key.deployment_len + rec->msg.key.version_len;
+}
 
 /* An attempt lasts at least this long before the run moves on to another
  * poll: above Linux's shortest delayed ACK (40 ms), so a live controller
@@ -418,6 +425,8 @@ static void confirm_attach(pl_broker *b, confirm *rec, uint64_t now)
 
 static void confirm_finish(pl_broker *b, confirm *rec, int delivered)
 {
+    size_t size;
+
     if (rec->w != NULL) {
         pl_conn_set_data(rec->controller, NULL, 0);
         pl_engine_confirm(b->engine, rec->w, delivered);
@@ -436,8 +445,9 @@ static void confirm_finish(pl_broker *b, confirm *rec, int delivered)
     DL_DELETE(b->confirms, rec);
     if (b->confirms == NULL)
         uv_timer_stop(&b->confirm_timer);
+    size = confirm_size(rec); /* before the request it counts is freed */
     pl_buf_free(&rec->request);
-    pl_pool_free(rec, rec->size);
+    pl_pool_free(rec, size);
 }
 
 static void confirm_acked(pl_broker *b, confirm *rec, pl_confirm_method how)
@@ -570,7 +580,6 @@ static void confirm_start(pl_broker *b, pl_conn *dispatcher, const pl_message *m
         return;
     }
     memset(rec, 0, sizeof(*rec));
-    rec->size = sizeof(*rec) + pl + dl + vl;
     rec->request = request;
     memcpy(rec->data, m->payload, pl);
     memcpy(rec->data + pl, m->key.deployment, dl);

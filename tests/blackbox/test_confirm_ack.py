@@ -21,6 +21,24 @@ def no_ack_shim():
     pytest.fail("tests/pl-no-ack-reports.so not built (ninja -C build)")
 
 
+def shim_env(**extra):
+    """The environment that loads no_ack_shim() into the server."""
+    return {"LD_PRELOAD": no_ack_shim(), **extra,
+            "ASAN_OPTIONS": os.environ.get("ASAN_OPTIONS", "") + ":verify_asan_link_order=0"}
+
+
+def runs_on_one_connection(srv, runs, name):
+    """<runs> deliveries to one keep-alive controller that parks again after
+    each; every dispatch is true and every payload arrives."""
+    ctl = srv.conn()
+    for i in range(runs):
+        ctl.request("GET", "/warm-start", poll_headers(controller_id=f"ctl_{name}"))
+        srv.wait_parked(1)
+        msg = make_message(run_id=f"run_{name}_{i}")
+        assert srv.dispatch(msg) is True
+        assert read_payload(ctl) == msg
+
+
 def methods(m):
     return {k: m.get("pilotlight_confirm_method_total", method=k)
             for k in ("ack_event", "poll_fallback", "next_request")}
@@ -52,13 +70,7 @@ def test_repeated_runs_on_one_keepalive_controller(start_server):
     matched to its own payload's end, so each delivery is confirmed exactly
     once and no report left on the queue makes the loop spin."""
     srv = start_server("--delivery", "confirm")
-    ctl = srv.conn()
-    for i in range(20):
-        ctl.request("GET", "/warm-start", poll_headers(controller_id="ctl_keepalive"))
-        srv.wait_parked(1)
-        msg = make_message(run_id=f"run_keepalive_{i}")
-        assert srv.dispatch(msg) is True
-        assert read_payload(ctl) == msg
+    runs_on_one_connection(srv, 20, "keepalive")
     m = srv.metrics()
     got = methods(m)
     # each delivery is confirmed once, by its report or by the next poll
@@ -76,9 +88,7 @@ def test_repeated_runs_on_one_keepalive_controller(start_server):
 def test_refused_ack_reports_fall_back_to_polling(start_server):
     """Where the kernel refuses the socket option, that connection is
     confirmed by polling, and the refusal is counted."""
-    env = {"LD_PRELOAD": no_ack_shim(),
-           "ASAN_OPTIONS": os.environ.get("ASAN_OPTIONS", "") + ":verify_asan_link_order=0"}
-    srv = start_server("--delivery", "confirm", env=env)
+    srv = start_server("--delivery", "confirm", env=shim_env())
     ctls = [srv.park(controller_id=f"ctl_polled_{i}") for i in range(3)]
     for i, c in enumerate(ctls):
         msg = make_message(run_id=f"run_polled_{i}")
@@ -96,16 +106,8 @@ def test_reports_refused_per_write_fall_back_to_polling(start_server):
     for a report: the payload still goes out (without the request), that
     connection is confirmed by polling from then on, and the refusal is
     counted once per connection."""
-    env = {"LD_PRELOAD": no_ack_shim(), "PL_NO_ACK_REPORTS": "write",
-           "ASAN_OPTIONS": os.environ.get("ASAN_OPTIONS", "") + ":verify_asan_link_order=0"}
-    srv = start_server("--delivery", "confirm", env=env)
-    ctl = srv.conn()
-    for i in range(3):
-        ctl.request("GET", "/warm-start", poll_headers(controller_id="ctl_refused_write"))
-        srv.wait_parked(1)
-        msg = make_message(run_id=f"run_refused_write_{i}")
-        assert srv.dispatch(msg) is True
-        assert read_payload(ctl) == msg
+    srv = start_server("--delivery", "confirm", env=shim_env(PL_NO_ACK_REPORTS="write"))
+    runs_on_one_connection(srv, 3, "refused_write")
     m = srv.metrics()
     got = methods(m)
     assert got["ack_event"] == 0, m.text
