@@ -130,3 +130,28 @@ def test_jitter():
     assert p.returncode == 0, p.stderr
     (r,) = [json.loads(ln) for ln in p.stdout.splitlines() if ln.startswith("{")]
     assert r["scenario"] == "jitter" and r["max_gap_us"] > 0
+
+
+def test_bench_report_adds_up_a_sliced_run(server):
+    """bench --interleave measures a cycle run as slices, one JSON line each
+    with its run number: the report adds a run's slices up (CPU over all its
+    deliveries, not a mean of the slices' figures) and keeps runs apart.
+    Real pl-loadgen lines, so a field it renames breaks this test."""
+    import sys
+    sys.path.insert(0, str(REPO_ROOT / "loadtest"))
+    import bench_report
+
+    recs, _ = loadgen(server, "--controllers", "20", "--dispatchers", "4", "--keys", "4",
+                      "--duration", "0.5", "--warmup", "0.2", "--rate", "400", "cycle")
+    a = dict(recs[-1], system="pilotlight-confirm", setting="rate400", run=1)
+    b = dict(a, delivered=3 * a["delivered"], secs=2 * a["secs"], dispatches=3 * a["dispatches"],
+             hits=3 * a["hits"], server_cpu_us_per_cycle=2 * a["server_cpu_us_per_cycle"])
+    other = dict(a, run=2)
+    merged = bench_report.merge_slices([a, b, other, {"scenario": "jitter"}])
+    assert len(merged) == 3
+    one = next(m for m in merged if m.get("run") == 1)
+    assert one["slices"] == 2 and one["delivered"] == 4 * a["delivered"]
+    assert one["server_cpu_us_per_cycle"] == pytest.approx(1.75 * a["server_cpu_us_per_cycle"])
+    assert one["delivered_per_s"] == pytest.approx(4 * a["delivered"] / (3 * a["secs"]))
+    assert one["hit_ratio"] == pytest.approx(a["hits"] / a["dispatches"])
+    assert next(m for m in merged if m.get("run") == 2)["slices"] == 1
