@@ -1,5 +1,6 @@
 /* key.c -- parsing and canonical encoding of the match key. */
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -43,6 +44,45 @@ static int json_number_syntax(const char *s, size_t len)
     return i == len;
 }
 
+int pl_key_number_exact(const char *s, size_t len, double *out)
+{
+    /* Every power of ten up to 1e22 is a double exactly. */
+    static const double pow10[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,
+                                   1e8,  1e9,  1e10, 1e11, 1e12, 1e13, 1e14, 1e15,
+                                   1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+    const char *p = s, *end = s + len;
+    uint64_t m = 0;
+    int digits = 0, exp10 = 0, e = 0, eneg = 0;
+    double v;
+
+    if (p < end && *p == '-')
+        p++;
+    for (; p < end && is_digit(*p); p++, digits++)
+        m = m * 10 + (uint64_t)(*p - '0');
+    if (p < end && *p == '.')
+        for (p++; p < end && is_digit(*p); p++, digits++, exp10--)
+            m = m * 10 + (uint64_t)(*p - '0');
+    /* Up to 15 digits fit a double's 53 bits, exactly (and m cannot wrap). */
+    if (digits > 15)
+        return -1;
+    if (p < end && (*p == 'e' || *p == 'E')) {
+        p++;
+        if (p < end && (*p == '+' || *p == '-'))
+            eneg = *p++ == '-';
+        for (; p < end && is_digit(*p); p++)
+            if ((e = e * 10 + (*p - '0')) > 100)
+                return -1;
+        exp10 += eneg ? -e : e;
+    }
+    if (exp10 < -22 || exp10 > 22)
+        return -1;
+    /* Two exact operands and one IEEE operation: correctly rounded, as
+     * strtod() and JavaScript's Number parsing are (Clinger's fast path). */
+    v = exp10 < 0 ? (double)m / pow10[-exp10] : (double)m * pow10[exp10];
+    *out = *s == '-' ? -v : v;
+    return 0;
+}
+
 int pl_key_parse_number(const char *s, size_t len, double *out)
 {
     char buf[64];
@@ -50,9 +90,11 @@ int pl_key_parse_number(const char *s, size_t len, double *out)
 
     if (len == 0 || len >= sizeof(buf) || !json_number_syntax(s, len))
         return -1;
-    memcpy(buf, s, len);
-    buf[len] = '\0';
-    v = strtod(buf, NULL);
+    if (pl_key_number_exact(s, len, &v) != 0) {
+        memcpy(buf, s, len);
+        buf[len] = '\0';
+        v = strtod(buf, NULL);
+    }
     if (!isfinite(v))
         return -1;
     *out = v == 0 ? 0 : v; /* -0 and 0 are one key */

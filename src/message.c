@@ -618,7 +618,8 @@ static const char *read_number(const found *f, double *out, const char *err)
 {
     if (f->type != T_NUMBER)
         return err;
-    *out = strtod(f->p, NULL);
+    if (pl_key_number_exact(f->p, f->len, out) != 0)
+        *out = strtod(f->p, NULL);
     if (!isfinite(*out))
         return err;
     if (*out == 0)

@@ -27,6 +27,12 @@ typedef struct {
  * leaves *out alone) when <s> is not such a number. */
 int pl_key_parse_number(const char *s, size_t len, double *out);
 
+/* The value of the JSON number token s[0..len) (grammar already checked)
+ * when it takes no more than a double's precision to get exactly: up to 15
+ * digits and a power of ten within 1e22. Returns 0 and sets *out, or -1:
+ * then strtod() has to read it. */
+int pl_key_number_exact(const char *s, size_t len, double *out);
+
 /* Writes the canonical byte encoding of <k> into <buf> (PL_KEY_ENCODED_MAX
  * bytes) so equal keys encode equally. Returns its length, or 0 when a field
  * is empty or longer than PL_KEY_FIELD_MAX. */

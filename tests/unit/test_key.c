@@ -1,5 +1,7 @@
 /* test_key.c -- number parsing and canonical encoding of the match key. */
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "pilotlight/key.h"
@@ -57,6 +59,61 @@ static void test_parse_honours_length(void)
     CHECK_EQ(pl_key_parse_number("0.5xyz", 3, &v), 0);
     CHECK(v == 0.5);
     CHECK_EQ(pl_key_parse_number("1", 0, &v), -1);
+}
+
+/* The fast reading must be exactly strtod()'s (correctly rounded, as
+ * JavaScript's), bit for bit, wherever it answers; and it must decline what
+ * needs more than a double's precision rather than round it twice. */
+static void test_exact_numbers_match_strtod(void)
+{
+    static const char *const edge[] = {
+        "0", "-0", "0.1", "0.2", "0.3", "0.5", "1.7976931348623157", "9007199254740993",
+        "123456789012345", "1234567890123456", "999999999999999e22", "1e22", "1e23",
+        "1e-22", "1e-23", "4.35", "0.000001", "0.0000000000000001", "2.5E+3", "7e-0",
+        "1e100", "1e0100", "8.589973e9", "89255e-22", "3.14159265358979",
+    };
+    unsigned long long rng = 0x9e3779b97f4a7c15ULL;
+    char buf[64];
+    int fast = 0;
+
+    for (int i = 0; i < 200000; i++) {
+        const char *s = buf;
+        double v = -1, want;
+        size_t n = 0;
+        if (i < (int)(sizeof(edge) / sizeof(edge[0]))) {
+            s = edge[i];
+        } else {
+            /* Random tokens in JSON's grammar: digits, a fraction, an exponent. */
+            rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+            int ip = 1 + (int)(rng % 12), fp = (int)(rng >> 8) % 10, ex = (int)(rng >> 16) % 61 - 30;
+            if (rng >> 63)
+                buf[n++] = '-';
+            for (int d = 0; d < ip; d++)
+                buf[n++] = (char)('0' + (d == 0 ? 1 + (rng >> (20 + d)) % 9 : (rng >> (20 + 3 * d)) % 10));
+            if (fp > 0) {
+                buf[n++] = '.';
+                for (int d = 0; d < fp; d++)
+                    buf[n++] = (char)('0' + (rng >> (d * 5 + 3)) % 10);
+            }
+            if ((rng >> 40) & 1)
+                n += (size_t)snprintf(buf + n, sizeof(buf) - n, "e%d", ex);
+            buf[n] = '\0';
+        }
+        want = strtod(s, NULL);
+        if (pl_key_number_exact(s, strlen(s), &v) == 0) {
+            fast++;
+            if (memcmp(&v, &want, sizeof(v)) != 0)
+                fprintf(stderr, "  %s: %.17g, strtod %.17g\n", s, v, want);
+            CHECK(memcmp(&v, &want, sizeof(v)) == 0);
+        }
+        if (isfinite(want) && want != 0) {
+            CHECK_EQ(parse(s, &v), 0);
+            CHECK(v == want);
+        }
+    }
+    CHECK(fast > 100000); /* the fast path is the common one */
+    CHECK_EQ(pl_key_number_exact("1234567890123456", 16, &(double){0}), -1);
+    CHECK_EQ(pl_key_number_exact("1e23", 4, &(double){0}), -1);
 }
 
 static pl_key key(const char *dep, const char *ver, double cpu, double mem)
@@ -163,6 +220,7 @@ int main(void)
     RUN(test_parse_rejects_non_numbers);
     RUN(test_parse_accepts_numbers);
     RUN(test_parse_honours_length);
+    RUN(test_exact_numbers_match_strtod);
     RUN(test_encode_numbers_as_numbers);
     RUN(test_encode_strings_by_content);
     RUN(test_encode_split_differs);
