@@ -605,8 +605,9 @@ static void alloc_cb(uv_handle_t *handle, size_t suggested, uv_buf_t *buf)
 /* Takes one report off <c>'s error queue; fires on_acked when it says the
  * peer acknowledged up to ack_want. One per call: a queue holding more keeps
  * EPOLLERR raised and is taken on the next turns, never spinning in place.
- * <with_request>: the report came with bytes of a request. */
-static void conn_take_ack_report(pl_conn *c, int with_request)
+ * <with_request>: the report came with bytes of a request. Returns -1 when
+ * the queue was empty. */
+static int conn_take_ack_report(pl_conn *c, int with_request)
 {
     union {
         char buf[512];
@@ -618,7 +619,7 @@ static void conn_take_ack_report(pl_conn *c, int with_request)
 
     if (uv_fileno((uv_handle_t *)&c->tcp, &fd) != 0 ||
         recvmsg(fd, &msg, MSG_ERRQUEUE | MSG_DONTWAIT) < 0)
-        return;
+        return -1;
     for (cm = CMSG_FIRSTHDR(&msg); cm != NULL; cm = CMSG_NXTHDR(&msg, cm)) {
         const struct sock_extended_err *ee;
         if (!(cm->cmsg_level == SOL_IP && cm->cmsg_type == IP_RECVERR) &&
@@ -637,6 +638,7 @@ static void conn_take_ack_report(pl_conn *c, int with_request)
                 h->cb.on_acked(h->app, c);
         }
     }
+    return 0;
 }
 
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
@@ -645,6 +647,12 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     size_t used;
 
     if (nread < 0) {
+        /* A peer that acknowledged and then reset (a proxy closing its side
+         * with SO_LINGER 0 does) leaves the report queued behind the reset:
+         * it still says every byte was taken. */
+        for (int i = 0; i < 4 && c->acks == ACKS_ON && c->ack_waiting; i++)
+            if (conn_take_ack_report(c, 0) != 0)
+                break;
         conn_close(c); /* EOF or error: a parked poll settles as disconnect */
         return;
     }
@@ -823,6 +831,11 @@ int pl_conn_expect_ack(pl_conn *c)
 void pl_conn_report_acks(pl_conn *c)
 {
     c->acks_ride = 0;
+}
+
+void pl_conn_quiet_acks(pl_conn *c)
+{
+    c->acks_ride = 1;
 }
 
 void pl_conn_detect_dead_peer(pl_conn *c, unsigned idle_s, unsigned interval_s,

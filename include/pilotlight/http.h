@@ -135,6 +135,11 @@ int pl_conn_expect_ack(pl_conn *c);
  * ACK reports again. */
 void pl_conn_report_acks(pl_conn *c);
 
+/* Nobody waits for <c>'s ACKs (delivery = written, say after a reload):
+ * its writes ask for no reports. Should they matter again, its next request
+ * brings them, as for PL_CONN_ACK_NEXT_REQUEST. */
+void pl_conn_quiet_acks(pl_conn *c);
+
 /* Turns on TCP keepalive and TCP_USER_TIMEOUT for <c> (once per connection;
  * later calls do nothing), so a peer that vanished without FIN or RST is
  * found while <c> waits. Zero values leave the system's defaults. */

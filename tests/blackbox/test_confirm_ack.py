@@ -114,3 +114,34 @@ def test_reports_refused_per_write_fall_back_to_polling(start_server):
     assert got["poll_fallback"] >= 1 and got["poll_fallback"] + got["next_request"] == 3, m.text
     assert m.get("pilotlight_confirm_ack_events_refused_total") == 1, m.text
     assert m.settled("matched") == 3 and m.dispatched("hit") == 3, m.text
+
+
+def test_written_after_a_reload_asks_for_no_reports(start_server, tmp_path):
+    """A connection watched under confirm, then the config reloaded to
+    written: its writes ask the kernel for no ACK report any more (each would
+    cost a wake-up and a recvmsg per delivery, with nobody waiting)."""
+    from test_reload import hup
+    requests = tmp_path / "requests"
+    conf = tmp_path / "pilotlight.conf"
+    conf.write_text("delivery = confirm\n")
+    srv = start_server("--config", str(conf), env=shim_env(PL_ACK_REQUEST_LOG=str(requests)))
+    ctl = srv.conn()
+
+    def run(i):
+        ctl.request("GET", "/warm-start", poll_headers(controller_id="ctl_reloaded"))
+        srv.wait_parked(1)
+        msg = make_message(run_id=f"run_reloaded_{i}")
+        assert srv.dispatch(msg) is True
+        assert read_payload(ctl) == msg
+
+    run(0)  # a silent controller: confirmed by its report
+    assert methods(srv.metrics())["ack_event"] == 1
+    asked = requests.stat().st_size
+    assert asked >= 1
+    conf.write_text("delivery = written\n")
+    hup(srv)
+    for i in range(1, 4):
+        run(i)
+    assert requests.stat().st_size == asked
+    m = srv.metrics()
+    assert m.settled("matched") == 4 and m.dispatched("hit") == 4, m.text

@@ -3,13 +3,17 @@
  * fallback to polling for a controller's ACK can be tested. By default the
  * socket option is refused; with PL_NO_ACK_REPORTS=write the option is
  * taken but a write asking for a report (SO_TIMESTAMPING in a control
- * message) fails with EINVAL, as on kernels before per-write requests. */
+ * message) fails with EINVAL, as on kernels before per-write requests.
+ * With PL_ACK_REQUEST_LOG=FILE nothing is refused: each write that asks for
+ * a report appends a byte to FILE, so a test can count them. */
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #ifndef SO_TIMESTAMPING_NEW
 #define SO_TIMESTAMPING_NEW 65
@@ -27,11 +31,22 @@ static int is_timestamping(int level, int name)
     return level == SOL_SOCKET && (name == SO_TIMESTAMPING || name == SO_TIMESTAMPING_NEW);
 }
 
+static void log_request(void)
+{
+    const char *path = getenv("PL_ACK_REQUEST_LOG");
+    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
+
+    if (fd >= 0) {
+        (void)!write(fd, "r", 1);
+        close(fd);
+    }
+}
+
 int setsockopt(int fd, int level, int name, const void *val, socklen_t len)
 {
     static int (*real)(int, int, int, const void *, socklen_t);
 
-    if (is_timestamping(level, name) && !refuse_writes()) {
+    if (is_timestamping(level, name) && !refuse_writes() && getenv("PL_ACK_REQUEST_LOG") == NULL) {
         errno = EINVAL;
         return -1;
     }
@@ -44,13 +59,16 @@ ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
 {
     static ssize_t (*real)(int, const struct msghdr *, int);
 
-    if (refuse_writes())
-        for (struct cmsghdr *cm = CMSG_FIRSTHDR(msg); cm != NULL;
-             cm = CMSG_NXTHDR((struct msghdr *)msg, cm))
-            if (is_timestamping(cm->cmsg_level, cm->cmsg_type)) {
+    for (struct cmsghdr *cm = CMSG_FIRSTHDR(msg); cm != NULL;
+         cm = CMSG_NXTHDR((struct msghdr *)msg, cm))
+        if (is_timestamping(cm->cmsg_level, cm->cmsg_type)) {
+            if (getenv("PL_ACK_REQUEST_LOG") != NULL) {
+                log_request();
+            } else if (refuse_writes()) {
                 errno = EINVAL;
                 return -1;
             }
+        }
     if (real == NULL)
         *(void **)&real = dlsym(RTLD_NEXT, "sendmsg");
     return real(fd, msg, flags);
