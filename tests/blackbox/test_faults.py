@@ -224,8 +224,9 @@ def test_half_close_after_requests_still_gets_the_answers(server):
 
 def test_controller_that_never_reads_a_large_payload(start_server):
     """A ~900 KB payload to a controller that never reads: the dispatch is
-    answered at once and the server keeps serving while the bytes wait."""
-    s = start_server("--max-body-bytes", BIG_BODY_LIMIT)
+    answered at once (delivery = written: a live socket took the bytes) and
+    the server keeps serving while the bytes wait."""
+    s = start_server("--max-body-bytes", BIG_BODY_LIMIT, "--delivery", "written")
     pid = s.proc.pid
     reader = slow_reader(s.port)
     try:
