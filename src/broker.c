@@ -313,9 +313,7 @@ static void handle_park(pl_broker *b, pl_conn *c, const pl_request *req)
         reply_error(c, 400, "x-trigger-deployment-id or -version is empty or too long");
     } else if (rc == 0) {
         pl_conn_set_data(c, w, DATA_WAITER);
-        if (b->cfg->delivery != PL_DELIVERY_CONFIRM)
-            pl_conn_quiet_acks(c); /* watched before a reload to written */
-        else if (pl_conn_watch_acks(c) != 0)
+        if (pl_conn_watch_acks(c, b->cfg->delivery == PL_DELIVERY_CONFIRM) != 0)
             b->metrics.ack_events_refused++;
         pl_conn_detect_dead_peer(c, (unsigned)b->cfg->tcp_keepalive_idle_s,
                                  (unsigned)b->cfg->tcp_keepalive_interval_s,

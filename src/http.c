@@ -647,9 +647,9 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     size_t used;
 
     if (nread < 0) {
-        /* A peer that acknowledged and then reset (a proxy closing its side
-         * with SO_LINGER 0 does) leaves the report queued behind the reset:
-         * it still says every byte was taken. */
+        /* A peer that acknowledged and then reset (HAProxy's side of a
+         * parked poll was seen to) can leave the report queued behind the
+         * reset: it still says every byte was taken. */
         for (int i = 0; i < 4 && c->acks == ACKS_ON && c->ack_waiting; i++)
             if (conn_take_ack_report(c, 0) != 0)
                 break;
@@ -793,13 +793,17 @@ int pl_conn_acknowledged(const pl_conn *c)
     return outq == 0;
 }
 
-int pl_conn_watch_acks(pl_conn *c)
+int pl_conn_watch_acks(pl_conn *c, int on)
 {
     /* How reports look; each write asks for its own (TX_ACK). */
     int flags = SOF_TIMESTAMPING_SOFTWARE | SOF_TIMESTAMPING_OPT_ID |
                 SOF_TIMESTAMPING_OPT_ID_TCP | SOF_TIMESTAMPING_OPT_TSONLY;
     uv_os_fd_t fd;
 
+    if (!on) {
+        c->acks_ride = 1;
+        return 0;
+    }
     if (c->acks != ACKS_OFF)
         return 0;
     c->acks = ACKS_REFUSED;
@@ -831,11 +835,6 @@ int pl_conn_expect_ack(pl_conn *c)
 void pl_conn_report_acks(pl_conn *c)
 {
     c->acks_ride = 0;
-}
-
-void pl_conn_quiet_acks(pl_conn *c)
-{
-    c->acks_ride = 1;
 }
 
 void pl_conn_detect_dead_peer(pl_conn *c, unsigned idle_s, unsigned interval_s,

@@ -103,11 +103,14 @@ void pl_conn_abort(pl_conn *c);
  * a live connection, -1 when the connection has failed or is closing. */
 int pl_conn_acknowledged(const pl_conn *c);
 
-/* Asks the kernel to report when <c>'s peer acknowledges bytes written from
- * now on (SO_TIMESTAMPING with TX_ACK; the reports are taken in the read
- * path). Once per connection: returns -1 on the call the kernel refused
- * (poll pl_conn_acknowledged() for it instead), else 0. */
-int pl_conn_watch_acks(pl_conn *c);
+/* <on>: asks the kernel to report when <c>'s peer acknowledges bytes
+ * written from now on (SO_TIMESTAMPING with TX_ACK; the reports are taken in
+ * the read path). Once per connection: returns -1 on the call the kernel
+ * refused (poll pl_conn_acknowledged() for it instead), else 0. Not <on>
+ * (nobody waits for ACKs: delivery = written, say after a reload): its
+ * writes ask for no reports; should they matter again, its next request
+ * brings them, as for PL_CONN_ACK_NEXT_REQUEST. */
+int pl_conn_watch_acks(pl_conn *c, int on);
 
 /* How the application learns that <c>'s peer acknowledged its bytes. */
 enum {
@@ -134,11 +137,6 @@ int pl_conn_expect_ack(pl_conn *c);
 /* <c>'s ACK did not come with its next request in time: its writes ask for
  * ACK reports again. */
 void pl_conn_report_acks(pl_conn *c);
-
-/* Nobody waits for <c>'s ACKs (delivery = written, say after a reload):
- * its writes ask for no reports. Should they matter again, its next request
- * brings them, as for PL_CONN_ACK_NEXT_REQUEST. */
-void pl_conn_quiet_acks(pl_conn *c);
 
 /* Turns on TCP keepalive and TCP_USER_TIMEOUT for <c> (once per connection;
  * later calls do nothing), so a peer that vanished without FIN or RST is

@@ -27,16 +27,18 @@ def shim_env(**extra):
             "ASAN_OPTIONS": os.environ.get("ASAN_OPTIONS", "") + ":verify_asan_link_order=0"}
 
 
-def runs_on_one_connection(srv, runs, name):
-    """<runs> deliveries to one keep-alive controller that parks again after
-    each; every dispatch is true and every payload arrives."""
-    ctl = srv.conn()
+def runs_on_one_connection(srv, runs, name, ctl=None):
+    """<runs> deliveries to one keep-alive controller (<ctl>, or a new
+    connection) that parks again before each; every dispatch is true and
+    every payload arrives. Returns the connection."""
+    ctl = ctl or srv.conn()
     for i in range(runs):
         ctl.request("GET", "/warm-start", poll_headers(controller_id=f"ctl_{name}"))
         srv.wait_parked(1)
         msg = make_message(run_id=f"run_{name}_{i}")
         assert srv.dispatch(msg) is True
         assert read_payload(ctl) == msg
+    return ctl
 
 
 def methods(m):
@@ -125,23 +127,13 @@ def test_written_after_a_reload_asks_for_no_reports(start_server, tmp_path):
     conf = tmp_path / "pilotlight.conf"
     conf.write_text("delivery = confirm\n")
     srv = start_server("--config", str(conf), env=shim_env(PL_ACK_REQUEST_LOG=str(requests)))
-    ctl = srv.conn()
-
-    def run(i):
-        ctl.request("GET", "/warm-start", poll_headers(controller_id="ctl_reloaded"))
-        srv.wait_parked(1)
-        msg = make_message(run_id=f"run_reloaded_{i}")
-        assert srv.dispatch(msg) is True
-        assert read_payload(ctl) == msg
-
-    run(0)  # a silent controller: confirmed by its report
+    ctl = runs_on_one_connection(srv, 1, "confirmed")  # silent: confirmed by its report
     assert methods(srv.metrics())["ack_event"] == 1
     asked = requests.stat().st_size
     assert asked >= 1
     conf.write_text("delivery = written\n")
     hup(srv)
-    for i in range(1, 4):
-        run(i)
+    runs_on_one_connection(srv, 3, "written", ctl)  # the same connection
     assert requests.stat().st_size == asked
     m = srv.metrics()
     assert m.settled("matched") == 4 and m.dispatched("hit") == 4, m.text

@@ -19,11 +19,15 @@
 #define SO_TIMESTAMPING_NEW 65
 #endif
 
-static int refuse_writes(void)
-{
-    const char *mode = getenv("PL_NO_ACK_REPORTS");
+enum { REFUSE_OPTION, REFUSE_WRITES, LOG_REQUESTS };
 
-    return mode != NULL && strcmp(mode, "write") == 0;
+static int mode(void)
+{
+    const char *m = getenv("PL_NO_ACK_REPORTS");
+
+    if (getenv("PL_ACK_REQUEST_LOG") != NULL)
+        return LOG_REQUESTS;
+    return m != NULL && strcmp(m, "write") == 0 ? REFUSE_WRITES : REFUSE_OPTION;
 }
 
 static int is_timestamping(int level, int name)
@@ -46,7 +50,7 @@ int setsockopt(int fd, int level, int name, const void *val, socklen_t len)
 {
     static int (*real)(int, int, int, const void *, socklen_t);
 
-    if (is_timestamping(level, name) && !refuse_writes() && getenv("PL_ACK_REQUEST_LOG") == NULL) {
+    if (is_timestamping(level, name) && mode() == REFUSE_OPTION) {
         errno = EINVAL;
         return -1;
     }
@@ -58,13 +62,14 @@ int setsockopt(int fd, int level, int name, const void *val, socklen_t len)
 ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
 {
     static ssize_t (*real)(int, const struct msghdr *, int);
+    int m = mode();
 
-    for (struct cmsghdr *cm = CMSG_FIRSTHDR(msg); cm != NULL;
+    for (struct cmsghdr *cm = CMSG_FIRSTHDR(msg); m != REFUSE_OPTION && cm != NULL;
          cm = CMSG_NXTHDR((struct msghdr *)msg, cm))
         if (is_timestamping(cm->cmsg_level, cm->cmsg_type)) {
-            if (getenv("PL_ACK_REQUEST_LOG") != NULL) {
+            if (m == LOG_REQUESTS) {
                 log_request();
-            } else if (refuse_writes()) {
+            } else {
                 errno = EINVAL;
                 return -1;
             }
