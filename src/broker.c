@@ -596,6 +596,7 @@ static void confirm_start(pl_broker *b, pl_conn *dispatcher, const pl_message *m
     DL_PREPEND(b->confirms, rec);
     confirm_attach(b, rec, now);
     pl_conn_set_data(dispatcher, rec, DATA_DISPATCH);
+    pl_conn_hold_on_eof(dispatcher); /* it may half-close as it waits */
 }
 
 static void handle_dispatch(pl_broker *b, pl_conn *c, const pl_request *req)
@@ -824,7 +825,15 @@ void pl_broker_on_close(void *app, pl_conn *c)
     void *data = pl_conn_data(c, &kind);
 
     if (kind == DATA_CONFIRM) {
-        confirm_check(b, data, uv_now(b->loop), 1); /* the socket is still open */
+        /* Reset before its ACK was seen, with the whole payload sent: taken
+         * as delivered, as written would. Offering the run again could run
+         * it twice where the peer read it and reset (HAProxy's server side
+         * does); a reset that crossed the payload in flight needs a peer
+         * closing abortively at that instant. */
+        if (pl_conn_reset_after_write(c))
+            confirm_acked(b, data, PL_CONFIRM_BY_RESET);
+        else
+            confirm_check(b, data, uv_now(b->loop), 1); /* the socket is still open */
         return;
     }
     pl_conn_set_data(c, NULL, 0);

@@ -65,9 +65,9 @@ static const setting settings[] = {
         "server-side poll timeout (204); 0 = connection_timeout_ms + 5000"),
     CHOICE(match_order, order_names, "fifo",
            "which parked poll of a key gets a run: fifo (oldest) or lifo (newest)"),
-    CHOICE(delivery, delivery_names, "written",
-           "when a dispatch is true: written (a live socket took the payload) or "
-           "confirm (the controller's TCP stack acknowledged it)"),
+    CHOICE(delivery, delivery_names, "confirm",
+           "when a dispatch is true: confirm (the controller's TCP stack "
+           "acknowledged the payload) or written (a live socket took it)"),
     U64(confirm_timeout_ms, 1, 60000, "200",
         "delivery = confirm: wait this long for the acknowledgement, then reset "
         "and offer the run to the next poll"),

@@ -79,6 +79,9 @@ struct pl_conn {
      * EPOLL_CTL_MOD per delivery. */
     unsigned acks_ride : 1;
     unsigned reported : 1;     /* the last byte written asked for a report */
+    unsigned eof_holds : 1;    /* a half-close leaves the pending request be */
+    unsigned peer_eof : 1;     /* the peer half-closed: answer, then close */
+    unsigned peer_reset : 1;   /* reset by the peer with nothing left queued */
     uint32_t out_bytes;        /* bytes ever given to conn_write, mod 2^32 */
     uint32_t ack_origin;       /* out_bytes in the kernel when reports began */
     uint32_t ack_want;         /* report offset that fires on_acked */
@@ -364,8 +367,8 @@ static void on_shutdown(uv_shutdown_t *req, int status)
     pl_conn *c = container_of(req->handle, pl_conn, tcp);
 
     pl_pool_free(req, sizeof(*req));
-    if (status < 0)
-        conn_close(c);
+    if (status < 0 || c->peer_eof)
+        conn_close(c); /* a half-closed peer sends nothing to linger for */
 }
 
 /* The last answer is queued: send FIN after it, then keep reading (and
@@ -418,7 +421,8 @@ int pl_conn_respond(pl_conn *c, int status, const char *content_type,
      * content type and extra headers are the server's own short strings */
     char head[512], *p = head;
     uv_buf_t bufs[2];
-    int keep = c->keep_alive && !h->draining;
+    /* A half-closed peer's pipelined requests are still answered. */
+    int keep = c->keep_alive && !h->draining && !(c->peer_eof && c->in.len == 0);
 
     if (c->closing || c->finishing)
         return -1;
@@ -476,7 +480,7 @@ static void on_begin(void *owner)
     pl_conn *c = owner;
 
     c->tag = 0;
-    c->keep_alive = c->head = 0; /* until this request is read */
+    c->keep_alive = c->head = c->eof_holds = 0; /* until this request is read */
     list_add(c, TL_REQUEST);
 }
 
@@ -578,8 +582,11 @@ static void conn_process_buffered(pl_conn *c)
 {
     size_t used = conn_execute(c, c->in.data, c->in.len);
 
-    if (!c->closing)
-        in_consume(c, used);
+    if (c->closing)
+        return;
+    in_consume(c, used);
+    if (c->peer_eof && !c->pending)
+        conn_finish(c); /* what is left of a half-closed peer's requests */
 }
 
 static void resume_cb(uv_idle_t *idle)
@@ -641,11 +648,31 @@ static int conn_take_ack_report(pl_conn *c, int with_request)
     return 0;
 }
 
+/* Whether every byte written to <c> has been sent at least once: none in
+ * libuv's queue, none in the kernel's unsent (a reset leaves the kernel's
+ * sequence numbers as they were). */
+static int conn_all_sent(const pl_conn *c)
+{
+    uv_os_fd_t fd;
+    int unsent = 0;
+
+    return uv_stream_get_write_queue_size((const uv_stream_t *)&c->tcp) == 0 &&
+           uv_fileno((const uv_handle_t *)&c->tcp, &fd) == 0 &&
+           ioctl(fd, SIOCOUTQNSD, &unsent) == 0 && unsent == 0;
+}
+
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 {
     pl_conn *c = container_of(s, pl_conn, tcp);
     size_t used;
 
+    if (nread == UV_EOF && c->pending && c->eof_holds) {
+        /* A half-close after a request whose answer waits: it is still
+         * answered (then the connection closes); nothing more is read. */
+        c->peer_eof = 1;
+        uv_read_stop(s);
+        return;
+    }
     if (nread < 0) {
         /* A peer that acknowledged and then reset (HAProxy's side of a
          * parked poll was seen to) can leave the report queued behind the
@@ -653,6 +680,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         for (int i = 0; i < 4 && c->acks == ACKS_ON && c->ack_waiting; i++)
             if (conn_take_ack_report(c, 0) != 0)
                 break;
+        c->peer_reset = nread == UV_ECONNRESET && conn_all_sent(c);
         conn_close(c); /* EOF or error: a parked poll settles as disconnect */
         return;
     }
@@ -791,6 +819,16 @@ int pl_conn_acknowledged(const pl_conn *c)
         ioctl(fd, SIOCOUTQ, &outq) != 0)
         return 0;
     return outq == 0;
+}
+
+int pl_conn_reset_after_write(const pl_conn *c)
+{
+    return c->peer_reset;
+}
+
+void pl_conn_hold_on_eof(pl_conn *c)
+{
+    c->eof_holds = 1;
 }
 
 int pl_conn_watch_acks(pl_conn *c, int on)

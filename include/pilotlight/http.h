@@ -103,6 +103,19 @@ void pl_conn_abort(pl_conn *c);
  * a live connection, -1 when the connection has failed or is closing. */
 int pl_conn_acknowledged(const pl_conn *c);
 
+/* While <c> closes: 1 when its peer reset it after every byte written to it
+ * had been sent. The reset ends the connection before any ACK it
+ * carried is seen, so whether the peer took those bytes is unknown; a peer
+ * that resets right after reading (HAProxy's server side does) is the case
+ * this was seen in. */
+int pl_conn_reset_after_write(const pl_conn *c);
+
+/* The request pending on <c> outlives a half-close: should the peer's EOF
+ * arrive first, reading stops, the answer (and any pipelined ones) is still
+ * sent, then <c> closes. For the current request only: a parked poll's EOF
+ * must still settle it as a disconnect. */
+void pl_conn_hold_on_eof(pl_conn *c);
+
 /* <on>: asks the kernel to report when <c>'s peer acknowledges bytes
  * written from now on (SO_TIMESTAMPING with TX_ACK; the reports are taken in
  * the read path). Once per connection: returns -1 on the call the kernel

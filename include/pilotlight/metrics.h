@@ -28,11 +28,13 @@ typedef enum {
     PL_DISPATCH__COUNT
 } pl_dispatch_result;
 
-/* How a delivery (delivery = confirm) was found acknowledged. */
+/* How a delivery (delivery = confirm) was found acknowledged, or taken as
+ * delivered without an ACK seen (reset_after_write). */
 typedef enum {
     PL_CONFIRM_BY_ACK_EVENT = 0, /* the kernel's ACK report */
     PL_CONFIRM_BY_POLL,          /* asking TCP_INFO / SIOCOUTQ */
     PL_CONFIRM_BY_NEXT_REQUEST,  /* the controller spoke again */
+    PL_CONFIRM_BY_RESET,         /* it reset after taking every byte's send */
     PL_CONFIRM_BY__COUNT
 } pl_confirm_method;
 
