@@ -37,14 +37,17 @@ def reset(sock):
 def test_half_closed_dispatcher_gets_its_confirmed_answers(start_server):
     """Two pipelined dispatches, then a half-close, while both controllers
     delay their ACKs: the EOF is read before either run is confirmed, and
-    both answers still come, true, before the connection ends."""
-    srv = start_server("--delivery", "confirm")
+    both answers still come, true, before the connection ends. Each waits
+    alone for its key, so its attempt is not cut short for another poll, and
+    the deadline is above the longest delayed ACK (200 ms)."""
+    srv = start_server("--delivery", "confirm", "--confirm-timeout-ms", "2000")
     ctls = []
     for i in range(2):
-        c = srv.park(controller_id=f"ctl_half_{i}")
+        c = srv.park(controller_id=f"ctl_half_{i}", deployment=f"deployment_half_{i}")
         delayed_acks(c)
         ctls.append(c)
-    msgs = [make_message(run_id=f"run_half_{i}") for i in range(2)]
+    msgs = [make_message(deployment=f"deployment_half_{i}", run_id=f"run_half_{i}")
+            for i in range(2)]
     d = Conn(srv.port)
     t0 = time.monotonic()
     d.send(dispatch_request(msgs[0]) + dispatch_request(msgs[1]))
@@ -66,7 +69,7 @@ def test_reset_after_the_payload_was_sent_counts_as_delivered(start_server):
     """A controller that reads its run and resets before its delayed ACK
     left: the broker saw the reset, not the ACK. The run is delivered, so
     the answer is true (offering it again could run it twice)."""
-    srv = start_server("--delivery", "confirm")
+    srv = start_server("--delivery", "confirm", "--confirm-timeout-ms", "2000")
     runs = 5
     for i in range(runs):
         ctl = srv.park(controller_id=f"ctl_reset_{i}")
@@ -97,7 +100,8 @@ def test_reset_with_the_payload_still_queued_is_not_delivered(start_server):
     d = Conn(srv.port)
     d.send(build_request("POST", "/warm-start", {"Content-Type": "application/json"},
                          big_dispatch_body("run_queued")))
-    time.sleep(0.05)  # the payload written as far as the socket takes it
+    ctl.settimeout(10)
+    assert ctl.recv(1, socket.MSG_PEEK)  # the payload's first bytes arrived
     reset(ctl)
     r = d.read_response()
     assert r.status == 200 and r.json() == {"didWarmStart": False}, r
