@@ -81,7 +81,7 @@ struct pl_conn {
     unsigned reported : 1;     /* the last byte written asked for a report */
     unsigned eof_holds : 1;    /* a half-close leaves the pending request be */
     unsigned peer_eof : 1;     /* the peer half-closed: answer, then close */
-    unsigned peer_reset : 1;   /* reset by the peer with nothing left queued */
+    unsigned peer_reset : 1;   /* closing because the peer reset it */
     uint32_t out_bytes;        /* bytes ever given to conn_write, mod 2^32 */
     uint32_t ack_origin;       /* out_bytes in the kernel when reports began */
     uint32_t ack_want;         /* report offset that fires on_acked */
@@ -680,7 +680,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         for (int i = 0; i < 4 && c->acks == ACKS_ON && c->ack_waiting; i++)
             if (conn_take_ack_report(c, 0) != 0)
                 break;
-        c->peer_reset = nread == UV_ECONNRESET && conn_all_sent(c);
+        c->peer_reset = nread == UV_ECONNRESET;
         conn_close(c); /* EOF or error: a parked poll settles as disconnect */
         return;
     }
@@ -823,7 +823,7 @@ int pl_conn_acknowledged(const pl_conn *c)
 
 int pl_conn_reset_after_write(const pl_conn *c)
 {
-    return c->peer_reset;
+    return c->peer_reset && conn_all_sent(c); /* its descriptor is still open */
 }
 
 void pl_conn_hold_on_eof(pl_conn *c)

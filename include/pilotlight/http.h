@@ -103,7 +103,7 @@ void pl_conn_abort(pl_conn *c);
  * a live connection, -1 when the connection has failed or is closing. */
 int pl_conn_acknowledged(const pl_conn *c);
 
-/* While <c> closes: 1 when its peer reset it after every byte written to it
+/* In on_close: 1 when <c>'s peer reset it after every byte written to it
  * had been sent. The reset ends the connection before any ACK it
  * carried is seen, so whether the peer took those bytes is unknown; a peer
  * that resets right after reading (HAProxy's server side does) is the case

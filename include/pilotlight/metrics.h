@@ -34,7 +34,7 @@ typedef enum {
     PL_CONFIRM_BY_ACK_EVENT = 0, /* the kernel's ACK report */
     PL_CONFIRM_BY_POLL,          /* asking TCP_INFO / SIOCOUTQ */
     PL_CONFIRM_BY_NEXT_REQUEST,  /* the controller spoke again */
-    PL_CONFIRM_BY_RESET,         /* it reset after taking every byte's send */
+    PL_CONFIRM_BY_RESET,         /* it reset after the payload was all sent */
     PL_CONFIRM_BY__COUNT
 } pl_confirm_method;
 
