@@ -107,7 +107,7 @@ int pl_conn_acknowledged(const pl_conn *c);
  * had been sent. The reset ends the connection before any ACK it
  * carried is seen, so whether the peer took those bytes is unknown; a peer
  * that resets right after reading (HAProxy's server side does) is the case
- * this was seen in. */
+ * this is for. */
 int pl_conn_reset_after_write(const pl_conn *c);
 
 /* The request pending on <c> outlives a half-close: should the peer's EOF

@@ -4,7 +4,8 @@ controller that resets its connection before its ACK was seen.
 
 Each controller's kernel is put in delayed-ACK mode (TCP_QUICKACK off), so
 its ACK leaves some 40 ms after the payload arrives: the half-close or the
-reset reliably comes first, as a delayed ACK made it come behind HAProxy."""
+reset reliably comes first, as it would behind HAProxy whenever its ACK is
+delayed."""
 import json
 import socket
 import struct
@@ -13,6 +14,7 @@ import time
 import pytest
 
 from conftest import Conn, EXAMPLE, build_request, make_message, poll_headers, read_payload
+from test_confirm_ride import delayed_acks
 from test_faults import BIG_BODY_LIMIT, slow_reader
 
 
@@ -20,20 +22,9 @@ def method(m, name):
     return m.get("pilotlight_confirm_method_total", method=name)
 
 
-def delayed_acks(conn):
-    conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 0)
-
-
 def dispatch_request(msg):
     return build_request("POST", "/warm-start", {"Content-Type": "application/json"},
                          json.dumps({"dequeuedMessage": msg}))
-
-
-def reset(sock):
-    """Closes <sock> with a reset (SO_LINGER 0), as HAProxy closes its
-    server side."""
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    sock.close()
 
 
 def test_half_closed_dispatcher_gets_its_confirmed_answers(start_server):
@@ -80,7 +71,7 @@ def test_reset_after_the_payload_was_sent_counts_as_delivered(start_server):
         d = Conn(srv.port)
         d.send(dispatch_request(msg))
         assert read_payload(ctl) == msg
-        reset(ctl.sock)
+        ctl.close(rst=True)  # as HAProxy closes its server side
         r = d.read_response()
         assert r.status == 200 and r.json() == {"didWarmStart": True}, r
         d.close()
@@ -109,7 +100,8 @@ def test_reset_with_the_payload_partly_unsent_is_not_delivered(start_server, pad
     ctl.settimeout(10)
     assert ctl.recv(1, socket.MSG_PEEK)  # the payload's first bytes arrived
     time.sleep(0.05)  # and the rest is written as far as the window allows
-    reset(ctl)
+    ctl.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    ctl.close()  # a reset
     r = d.read_response()
     assert r.status == 200 and r.json() == {"didWarmStart": False}, r
     m = srv.metrics()
