@@ -5,6 +5,7 @@
 #include <utlist.h>
 
 #include "pilotlight/engine.h"
+#include "pilotlight/hash.h"
 #include "pilotlight/mem.h"
 #include "pilotlight/pool.h"
 
@@ -17,6 +18,7 @@
 #define uthash_free(ptr, sz) pl_pool_free(ptr, sz)
 #define uthash_nonfatal_oom(obj) (oom_flag = 1)
 static int oom_flag;
+#define HASH_FUNCTION(keyptr, keylen, hashv) ((hashv) = pl_hash((keyptr), (keylen), 0))
 #include <uthash.h>
 
 typedef struct pl_entry pl_entry;
@@ -279,11 +281,7 @@ static const char *over_cap(const pl_engine *e, const pl_entry *ent,
  * one compares the deployment through its key entry. */
 static unsigned id_hash(const char *id, size_t id_len, const pl_key *key)
 {
-    unsigned hid, hdep;
-
-    HASH_VALUE(id, id_len, hid);
-    HASH_VALUE(key->deployment, key->deployment_len, hdep);
-    return hid ^ (hdep * 0x9e3779b1u);
+    return pl_hash(id, id_len, pl_hash(key->deployment, key->deployment_len, 0));
 }
 
 /* The waiter of controller <id> parked for <key>'s deployment, or NULL. */

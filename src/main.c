@@ -4,6 +4,7 @@
 #include <sys/resource.h>
 
 #include "pilotlight/config.h"
+#include "pilotlight/hash.h"
 #include "pilotlight/log.h"
 #include "pilotlight/server.h"
 
@@ -55,6 +56,7 @@ int main(int argc, char **argv)
     }
     pl_log_threshold = (pl_log_level)cfg.log_level;
     signal(SIGPIPE, SIG_IGN);
+    pl_hash_init();
     raise_fd_limit(&cfg);
     return pl_server_run(&cfg, argc, argv, environ);
 }

@@ -9,6 +9,7 @@
 #include <emmintrin.h>
 #endif
 
+#include "pilotlight/hash.h"
 #include "pilotlight/mem.h"
 #include "pilotlight/message.h"
 
@@ -184,7 +185,8 @@ static const char *skip_plain(const char *p, const char *end)
 /* <r->p> is at an opening quote. Validates the string and moves past its
  * closing quote; <s>,<len> are the bytes between the quotes, *esc is set
  * when they hold an escape. */
-static int string(reader *r, const char **s, size_t *len, int *esc)
+static inline __attribute__((always_inline)) int string(reader *r, const char **s, size_t *len,
+                                                     int *esc)
 {
     const char *p = r->p + 1, *end = r->end;
     unsigned u;
@@ -283,24 +285,6 @@ static size_t decode(const char *s, size_t len, char *out)
     return (size_t)(o - out);
 }
 
-/* Member names are short: hashed eight bytes at a time (multiply and
- * fold), the tail byte by byte. */
-static uint32_t hash_name(const char *s, size_t len, uint32_t obj)
-{
-    const uint64_t k = 0x9E3779B97F4A7C15u;
-    uint64_t h = ((uint64_t)obj << 32 | len) * k, w;
-
-    for (; len >= 8; s += 8, len -= 8) {
-        memcpy(&w, s, 8);
-        h = (h ^ w) * k;
-        h ^= h >> 29;
-    }
-    for (w = 0; len > 0; len--)
-        w = w << 8 | (unsigned char)s[len - 1];
-    h = (h ^ w) * k;
-    return (uint32_t)(h >> 32 ^ h);
-}
-
 static void place(reader *r, uint32_t idx)
 {
     uint32_t mask = 2 * r->cap - 1, i = r->names[idx].hash & mask;
@@ -351,7 +335,7 @@ static int grow_names(reader *r)
 static int remember(reader *r, const char *s, size_t len, uint32_t obj,
                     const char *raw, size_t raw_len)
 {
-    uint32_t h = hash_name(s, len, obj), mask = 2 * r->cap - 1;
+    uint32_t h = pl_hash(s, len, (uint64_t)obj << 32), mask = 2 * r->cap - 1;
 
     for (uint32_t i = h & mask; r->slots[i] != 0; i = (i + 1) & mask) {
         const name *n = &r->names[r->slots[i] - 1];

@@ -8,6 +8,7 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 
+#include "pilotlight/hash.h"
 #include "pilotlight/mem.h"
 #include "pilotlight/token.h"
 
@@ -18,6 +19,7 @@
 #define uthash_free(ptr, sz) pl_free(ptr)
 #define uthash_nonfatal_oom(obj) (cache_oom = 1)
 static int cache_oom;
+#define HASH_FUNCTION(keyptr, keylen, hashv) ((hashv) = pl_hash((keyptr), (keylen), 0))
 #include <uthash.h>
 
 /* What Trigger.dev's generateJWT() sets (packages/core, v3/jwt.ts). */
