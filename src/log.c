@@ -10,31 +10,11 @@
 #include <sys/socket.h>
 
 #include "pilotlight/log.h"
+#include "pilotlight/utf8.h"
 
 pl_log_level pl_log_threshold = PL_LOG_INFO;
 
 static const char *const level_names[] = {"error", "warn", "info", "debug"};
-
-/* Length of the valid UTF-8 sequence starting at <s> (at most <len> bytes),
- * or 0 when it is not one (overlong forms and surrogates included). */
-static size_t utf8_len(const unsigned char *s, size_t len)
-{
-    size_t n = s[0] >= 0xf0 && s[0] <= 0xf4 ? 4 : s[0] >= 0xe0 ? 3 : s[0] >= 0xc2 ? 2 : 0;
-    uint32_t cp;
-
-    if (n == 0 || n > len)
-        return 0;
-    for (size_t i = 1; i < n; i++)
-        if ((s[i] & 0xc0) != 0x80)
-            return 0;
-    cp = n == 2 ? (s[0] & 0x1fu) << 6 | (s[1] & 0x3fu)
-       : n == 3 ? (s[0] & 0x0fu) << 12 | (s[1] & 0x3fu) << 6 | (s[2] & 0x3fu)
-                : (s[0] & 0x07u) << 18 | (s[1] & 0x3fu) << 12 | (s[2] & 0x3fu) << 6 | (s[3] & 0x3fu);
-    if ((n == 3 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) ||
-        (n == 4 && (cp < 0x10000 || cp > 0x10ffff)))
-        return 0;
-    return n;
-}
 
 size_t pl_log_escape(char *out, size_t cap, const char *s, size_t len)
 {
@@ -61,7 +41,7 @@ size_t pl_log_escape(char *out, size_t cap, const char *s, size_t len)
         } else if (c >= 0x80) {
             /* valid UTF-8 passes; any other byte becomes U+FFFD, so the
              * output is valid JSON whatever a client sent */
-            step = n = utf8_len((const unsigned char *)s + i, len - i);
+            step = n = pl_utf8_len((const unsigned char *)s + i, len - i);
             if (n == 0) {
                 src = "\\ufffd";
                 n = 6;

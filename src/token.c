@@ -11,6 +11,7 @@
 #include "pilotlight/hash.h"
 #include "pilotlight/mem.h"
 #include "pilotlight/token.h"
+#include "pilotlight/utf8.h"
 
 /* uthash allocates its buckets through our wrapper and, on failure, leaves
  * the table unchanged and tells us instead of calling exit(). */
@@ -199,36 +200,6 @@ long pl_token_deployment(const char *s, size_t len, char *out, size_t cap)
 
 /* ---- strict JSON objects ----------------------------------------------- */
 
-/* Length of the UTF-8 sequence at <p> (at most <n> bytes), or 0 when it is
- * not well-formed (overlong, surrogate, beyond U+10FFFF, truncated). */
-static size_t utf8_seq(const unsigned char *p, size_t n)
-{
-    size_t len;
-    unsigned long cp;
-
-    if (p[0] < 0x80)
-        return 1;
-    if (p[0] >= 0xC2 && p[0] <= 0xDF)
-        len = 2, cp = p[0] & 0x1Fu;
-    else if (p[0] >= 0xE0 && p[0] <= 0xEF)
-        len = 3, cp = p[0] & 0x0Fu;
-    else if (p[0] >= 0xF0 && p[0] <= 0xF4)
-        len = 4, cp = p[0] & 0x07u;
-    else
-        return 0;
-    if (len > n)
-        return 0;
-    for (size_t i = 1; i < len; i++) {
-        if ((p[i] & 0xC0) != 0x80)
-            return 0;
-        cp = (cp << 6) | (p[i] & 0x3Fu);
-    }
-    if ((len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) ||
-        (cp >= 0xD800 && cp <= 0xDFFF) || cp > 0x10FFFF)
-        return 0;
-    return len;
-}
-
 /* 1 when the JSON text <p> could mean one thing only, to cJSON and to
  * JavaScript alike: well-formed UTF-8 (JavaScript would turn bad bytes into
  * U+FFFD), no raw control characters but JSON whitespace, and no \u0000
@@ -237,7 +208,7 @@ static size_t utf8_seq(const unsigned char *p, size_t n)
 static int json_text_ok(const unsigned char *p, size_t n)
 {
     for (size_t i = 0; i < n;) {
-        size_t step = utf8_seq(p + i, n - i);
+        size_t step = pl_utf8_len(p + i, n - i);
 
         if (step == 0)
             return 0;
