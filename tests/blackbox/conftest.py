@@ -263,10 +263,16 @@ class Conn:
     def close(self, rst=False):
         if self.sock.fileno() < 0:
             return
-        if rst:  # SO_LINGER on, 0 s: close() sends RST
-            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
-                                 struct.pack("ii", 1, 0))
-        self.sock.close()
+        if rst:
+            reset_close(self.sock)
+        else:
+            self.sock.close()
+
+
+def reset_close(sock):
+    """Closes with SO_LINGER 0: the kernel sends RST."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
 
 
 def request(port, method, path, headers=None, body=None, timeout=IO_TIMEOUT):
@@ -371,8 +377,13 @@ class Metrics:
         return self.get("pilotlight_keys_now")
 
 
-def scrape(port):
-    r = get(port, "/metrics")
+def scrape(port, conn=None):
+    """/metrics on a fresh connection, or over <conn> (kept open)."""
+    if conn is None:
+        r = get(port, "/metrics")
+    else:
+        conn.request("GET", "/metrics")
+        r = conn.read_response()
     assert r.status == 200, r
     return Metrics(r.body.decode("utf-8"))
 
@@ -389,11 +400,12 @@ def assert_ledger(m):
     return m
 
 
-def wait_metrics(port, pred, timeout=5.0, what="condition"):
-    """Scrapes until pred(metrics) is true; returns those metrics."""
+def wait_metrics(port, pred, timeout=5.0, what="condition", conn=None):
+    """Scrapes (over <conn> if given) until pred(metrics) is true; returns
+    those metrics."""
     deadline = time.monotonic() + timeout
     while True:
-        m = scrape(port)
+        m = scrape(port, conn)
         if pred(m):
             return m
         if time.monotonic() > deadline:

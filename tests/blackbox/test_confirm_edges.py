@@ -8,12 +8,12 @@ reset reliably comes first, as it would behind HAProxy whenever its ACK is
 delayed."""
 import json
 import socket
-import struct
 import time
 
 import pytest
 
-from conftest import Conn, EXAMPLE, build_request, make_message, poll_headers, read_payload
+from conftest import (Conn, EXAMPLE, build_request, make_message, poll_headers, read_payload,
+                      reset_close)
 from test_confirm_ride import delayed_acks
 from test_faults import BIG_BODY_LIMIT, slow_reader
 
@@ -100,8 +100,7 @@ def test_reset_with_the_payload_partly_unsent_is_not_delivered(start_server, pad
     ctl.settimeout(10)
     assert ctl.recv(1, socket.MSG_PEEK)  # the payload's first bytes arrived
     time.sleep(0.05)  # and the rest is written as far as the window allows
-    ctl.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    ctl.close()  # a reset
+    reset_close(ctl)
     r = d.read_response()
     assert r.status == 200 and r.json() == {"didWarmStart": False}, r
     m = srv.metrics()

@@ -7,7 +7,6 @@ import json
 import os
 import resource
 import socket
-import struct
 import subprocess
 import tempfile
 import threading
@@ -15,7 +14,7 @@ import time
 
 from conftest import (BIN, EXAMPLE, HOST, Conn, ConnectionClosed, Server,
                       assert_ledger, build_request, clean_env, make_message,
-                      poll_headers, read_payload, request)
+                      poll_headers, read_payload, request, reset_close)
 
 BIG_BODY_LIMIT = "2000000"
 PAYLOAD_PAD = 900_000   # ~900 KB dequeuedMessage
@@ -49,12 +48,6 @@ def sanitized(pid):
 
 def report(what, **figures):
     print(f"\n[faults] {what}: " + ", ".join(f"{k}={v}" for k, v in figures.items()))
-
-
-def rst(sock):
-    """Closes with SO_LINGER 0: the kernel sends RST."""
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    sock.close()
 
 
 def slow_reader(port, rcvbuf=4096):
@@ -104,7 +97,7 @@ def wait_connections(s, n, timeout=5.0):
 
 def test_rst_on_parked_poll_settles_as_disconnect(server):
     w = server.park()
-    rst(w.sock)
+    reset_close(w.sock)
     m = server.wait_metrics(lambda m: m.settled("disconnect") == 1, what="disconnect")
     assert m.parked_now == 0 and m.keys_now == 0, m.text
     assert server.dispatch() is False
@@ -133,7 +126,7 @@ def test_rst_while_large_payloads_are_queued(start_server):
         times.append(took)
     s.wait_parked(1)
     rss_queued = rss_kb(pid)
-    rst(reader)
+    reset_close(reader)
     m = s.wait_metrics(lambda m: m.settled("disconnect") == 1, what="disconnect")
     assert (m.parked_now, m.settled("matched")) == (0, 4), m.text
     d.close()
@@ -154,7 +147,7 @@ def test_dispatcher_rst_mid_body_dispatches_nothing(server):
     c.send(b"POST /warm-start HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
            b"Content-Length: %d\r\n\r\n" % len(body) + body[:len(body) // 2])
     time.sleep(0.1)
-    rst(c.sock)
+    reset_close(c.sock)
     wait_connections(server, 2)  # the parked poll and the scrape
     m = assert_ledger(server.port)
     assert (m.parked_now, m.settled("matched")) == (1, 0), m.text
@@ -173,7 +166,7 @@ def test_dispatcher_rst_right_after_request(server):
     c = Conn(server.port)
     c.request("POST", "/warm-start", {"Content-Type": "application/json"},
               json.dumps({"dequeuedMessage": EXAMPLE}))
-    rst(c.sock)
+    reset_close(c.sock)
     wait_connections(server, 2)  # the poll's connection and the scrape
     m = assert_ledger(server.port)
     assert (m.parked_now, m.settled("matched")) in ((0, 1), (1, 0)), m.text
@@ -244,7 +237,7 @@ def test_controller_that_never_reads_a_large_payload(start_server):
         time.sleep(0.1)
         rss_dispatcher_gone = rss_kb(pid)
     finally:
-        rst(reader)
+        reset_close(reader)
     wait_connections(s, 1)
     time.sleep(0.1)
     rss_end = rss_kb(pid)
@@ -314,7 +307,7 @@ def test_never_reading_controller_cannot_queue_unbounded_memory(start_server):
         if not sanitized(pid):
             assert rss_peak - rss0 < 8 * 1024, f"server RSS grew {rss_peak - rss0} kB"
     finally:
-        rst(reader)
+        reset_close(reader)
     wait_connections(s, 2)  # the dispatcher's connection and the scrape
 
 
@@ -470,7 +463,7 @@ def test_connection_storm(server):
                     with lock:
                         answered[0] += 1
                 if i % 2:
-                    rst(c)
+                    reset_close(c)
                 else:
                     c.close()
             except Exception as e:  # collected, reported below

@@ -19,8 +19,8 @@ import time
 
 import pytest
 
-from conftest import (BIN, HOST, Conn, Metrics, assert_ledger, check_sanitizers, clean_env,
-                      key_of, make_message, poll_headers, request, scrape)
+from conftest import (BIN, HOST, Conn, assert_ledger, check_sanitizers, clean_env, key_of,
+                      make_message, poll_headers, request, scrape, wait_metrics)
 from test_scale import open_polls
 
 UNDER_VALGRIND = bool(os.environ.get("PL_VALGRIND_BIN"))
@@ -126,15 +126,7 @@ def test_upgrade_hands_parked_polls_to_the_new_process(start_server, subreaper):
     # Scraped over the idle keep-alive connection: a scrape on a connection
     # of its own may still be open in the server when its descriptors are
     # counted (CI once counted one more than the new process ever had).
-    deadline = time.monotonic() + 60
-    while True:
-        idle.request("GET", "/metrics")
-        r = idle.read_response()
-        assert r.status == 200
-        if Metrics(r.body.decode("utf-8")).parked_now == total:
-            break
-        assert time.monotonic() < deadline, "the polls did not all park"
-        time.sleep(0.05)
+    wait_metrics(s.port, lambda m: m.parked_now == total, 60, "every poll parked", conn=idle)
     fds_old = fds(old)
 
     s.proc.send_signal(signal.SIGUSR2)
