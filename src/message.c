@@ -44,12 +44,26 @@ typedef struct {
     int type;
 } found;
 
-/* One member name: its decoded bytes, the object it belongs to, and its
- * slot in the open-addressing table (so the table can be cleared by name). */
+/* One member name: its decoded bytes, the object it belongs to, and the
+ * previous name of that object (index + 1, 0 for none). Most objects are
+ * small: their names are checked against each other along that chain,
+ * which touches only this array, and only when the object's filter says
+ * one of them may match. Past LINEAR_NAMES names an object's names
+ * also go into the open-addressing table (slot: index + 1 there, 0 when
+ * not in it, so the table can be cleared by name). */
 typedef struct {
     const char *s;
-    uint32_t len, obj, hash, slot;
+    uint32_t len, obj, prev, hash, slot;
 } name;
+
+#define LINEAR_NAMES 16
+
+/* The object whose members are being read; <seen> has one bit set per
+ * name, chosen by its length, first and last byte. */
+typedef struct {
+    uint32_t id, last, count;
+    uint64_t seen;
+} object_names;
 
 /* Typical bodies (a few hundred names) never touch the heap: the scratch
  * lives here and is cleared name by name after each parse. A body with more
@@ -271,14 +285,15 @@ static void place(reader *r, uint32_t idx)
     while (r->slots[i] != 0)
         i = (i + 1) & mask;
     r->slots[i] = idx + 1;
-    r->names[idx].slot = i;
+    r->names[idx].slot = i + 1;
 }
 
 /* Empties the table the cheap way: only the slots names occupy. */
 static void clear_small(reader *r)
 {
     for (uint32_t i = 0; i < r->nnames; i++)
-        small_slots[r->names[i].slot] = 0;
+        if (r->names[i].slot != 0)
+            small_slots[r->names[i].slot - 1] = 0;
 }
 
 static int grow_names(reader *r)
@@ -305,32 +320,70 @@ static int grow_names(reader *r)
     r->slots = slots;
     r->cap = cap;
     for (uint32_t i = 0; i < r->nnames; i++)
-        place(r, i);
+        if (names[i].slot != 0)
+            place(r, i);
     return 0;
 }
 
-/* Records member name <s>,<len> (decoded) of object <obj>; <raw>,<raw_len>
+static void hash_in(reader *r, uint32_t idx)
+{
+    name *n = &r->names[idx];
+
+    n->hash = pl_hash(n->s, n->len, (uint64_t)n->obj << 32);
+    place(r, idx);
+}
+
+static int same(const name *n, const char *s, size_t len)
+{
+    return n->len == len && memcmp(n->s, s, len) == 0;
+}
+
+/* Records member name <s>,<len> (decoded) of object <o>; <raw>,<raw_len>
  * is how it was written, kept for the error when it repeats. */
-static int remember(reader *r, const char *s, size_t len, uint32_t obj,
+static int remember(reader *r, object_names *o, const char *s, size_t len,
                     const char *raw, size_t raw_len)
 {
-    uint32_t h = pl_hash(s, len, (uint64_t)obj << 32), mask = 2 * r->cap - 1;
+    const name *dup = NULL;
+    uint32_t h = 0, tag = len == 0 ? 0 : (uint32_t)len << 16 ^ (uint32_t)(unsigned char)s[0] << 8 ^
+                                              (unsigned char)s[len - 1];
+    uint64_t bit = 1ULL << (tag * 0x9E3779B1u >> 26);
 
-    for (uint32_t i = h & mask; r->slots[i] != 0; i = (i + 1) & mask) {
-        const name *n = &r->names[r->slots[i] - 1];
+    if (o->count < LINEAR_NAMES) {
+        if (o->seen & bit)
+            for (uint32_t i = o->last; i != 0 && dup == NULL; i = r->names[i - 1].prev)
+                if (same(&r->names[i - 1], s, len))
+                    dup = &r->names[i - 1];
+        o->seen |= bit;
+    } else {
+        uint32_t mask = 2 * r->cap - 1;
 
-        if (n->hash == h && n->obj == obj && n->len == len && memcmp(n->s, s, len) == 0) {
-            if (r->dup == NULL) {
-                r->dup = raw;
-                r->dup_len = raw_len;
-            }
-            return 0;
+        /* from now on by hash: the table gets the first ones (once: a
+         * duplicate leaves the count where it is) */
+        if (o->count == LINEAR_NAMES && r->names[o->last - 1].slot == 0)
+            for (uint32_t i = o->last; i != 0; i = r->names[i - 1].prev)
+                hash_in(r, i - 1);
+        h = pl_hash(s, len, (uint64_t)o->id << 32);
+        for (uint32_t i = h & mask; r->slots[i] != 0 && dup == NULL; i = (i + 1) & mask) {
+            const name *n = &r->names[r->slots[i] - 1];
+
+            if (n->hash == h && n->obj == o->id && same(n, s, len))
+                dup = n;
         }
+    }
+    if (dup != NULL) {
+        if (r->dup == NULL) {
+            r->dup = raw;
+            r->dup_len = raw_len;
+        }
+        return 0;
     }
     if (r->nnames == r->cap && grow_names(r) != 0)
         return -1;
-    r->names[r->nnames] = (name){s, (uint32_t)len, obj, h, 0};
-    place(r, r->nnames++);
+    r->names[r->nnames] = (name){s, (uint32_t)len, o->id, o->last, h, 0};
+    if (o->count >= LINEAR_NAMES)
+        place(r, r->nnames);
+    o->last = ++r->nnames;
+    o->count++;
     return 0;
 }
 
@@ -401,7 +454,7 @@ static int more(reader *r, char close, const char *what)
     return fail(r, what);
 }
 
-static int member(reader *r, int at, uint32_t obj)
+static int member(reader *r, int at, object_names *o)
 {
     const char *raw, *s;
     size_t raw_len, len;
@@ -416,7 +469,7 @@ static int member(reader *r, int at, uint32_t obj)
     len = raw_len;
     if (esc && (s = decode_name(r, raw, &len)) == NULL)
         return -1;
-    if (remember(r, s, len, obj, raw, raw_len) != 0)
+    if (remember(r, o, s, len, raw, raw_len) != 0)
         return -1;
     skip_ws(r);
     if (r->p == r->end || *r->p != ':')
@@ -424,8 +477,13 @@ static int member(reader *r, int at, uint32_t obj)
     r->p++;
     skip_ws(r);
     to = at == AT_OTHER ? AT_OTHER : child(at, s, len);
-    if (value(r, to, &f) != 0)
+    if (r->p < r->end && *r->p == '"') { /* most values: no call to value() */
+        if (string(r, &f.p, &f.len, &esc) != 0)
+            return -1;
+        f.type = esc ? T_ESCAPED : T_STRING;
+    } else if (value(r, to, &f) != 0) {
         return -1;
+    }
     if (to == AT_DM)
         r->dm = f;
     else if (to >= AT_FRIENDLY_ID)
@@ -435,11 +493,11 @@ static int member(reader *r, int at, uint32_t obj)
 
 static int object(reader *r, int at)
 {
-    uint32_t obj = r->nobj++;
+    object_names o = {r->nobj++, 0, 0, 0};
     int rc = enter(r, '}');
 
     while (rc == 1) {
-        if (member(r, at, obj) != 0)
+        if (member(r, at, &o) != 0)
             return -1;
         rc = more(r, '}', "expected ',' or '}' in an object");
     }

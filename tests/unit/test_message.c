@@ -229,6 +229,45 @@ static void test_duplicates(void)
     expect_invalid("{\"a\":1,\"a\":2,", "not valid JSON");
 }
 
+/* Objects of up to 16 names are checked name against name, larger ones by
+ * hash from then on: duplicates on either side of that line and across it
+ * are found, same names in sibling objects are not duplicates, and the
+ * table is left empty after every body (a slot left behind would fill it
+ * within a few hundred bodies and hang the parse). */
+static void test_duplicates_in_large_objects(void)
+{
+    char body[4096];
+    pl_message m;
+    const char *err;
+
+    for (int dup_at = 1; dup_at < 40; dup_at++) {
+        int n = snprintf(body, sizeof(body), "{\"x\":{");
+
+        for (int i = 0; i < 40; i++)
+            n += snprintf(body + n, sizeof(body) - (size_t)n, "%s\"m%d\":0", i ? "," : "",
+                          i == dup_at ? dup_at / 2 : i);
+        snprintf(body + n, sizeof(body) - (size_t)n,
+                 "},\"y\":{\"m1\":0,\"m30\":0},\"dequeuedMessage\":" KEYED("") "}");
+        for (int k = 0; k < 200; k++) {
+            char want[64];
+
+            snprintf(want, sizeof(want), "duplicate member name \\\"m%d\\\"", dup_at / 2);
+            expect_invalid(body, want);
+        }
+    }
+    for (int k = 0; k < 500; k++) {
+        int n = snprintf(body, sizeof(body), "{\"x\":{");
+
+        for (int i = 0; i < 40; i++)
+            n += snprintf(body + n, sizeof(body) - (size_t)n, "%s\"m%d\":{\"m%d\":0}", i ? "," : "",
+                          i, i);
+        snprintf(body + n, sizeof(body) - (size_t)n,
+                 "},\"y\":{\"m1\":0,\"m30\":0},\"dequeuedMessage\":" KEYED("") "}");
+        CHECK_EQ(parse(body, &m, &err), 0);
+        pl_message_release(&m);
+    }
+}
+
 /* A line of tests/vectors/dispatch.tsv: its fields, hex decoded. */
 static size_t unhex(const char *hex, char *out)
 {
@@ -391,6 +430,7 @@ int main(void)
     RUN(test_escaped_member_name);
     RUN(test_strict);
     RUN(test_duplicates);
+    RUN(test_duplicates_in_large_objects);
     RUN(test_deep);
     RUN(test_vectors);
     RUN(test_numbers);
