@@ -184,6 +184,48 @@ def table(g, scenario, setting, title, cols, headline, out):
     out.append("")
 
 
+MODES = ("written", "confirm")
+
+
+def modes_rounds(g):
+    """The modes scenario (bench_modes.py): per setting and round, each
+    mode's slices."""
+    out = {}
+    for st in settings_of(g, "modes", ""):
+        recs = [r for r in g[("modes", st, "pilotlight")] if r["dispatches"] > 0]
+        for rd in sorted({r["round"] for r in recs}):
+            out[(st, rd)] = {m: [r for r in recs if r["round"] == rd and r["mode"] == m]
+                             for m in MODES}
+    return out
+
+
+def modes_table(g, out):
+    rounds = modes_rounds(g)
+    if not rounds:
+        return
+    out.append("### confirm against written on one server: delivery switched by SIGHUP "
+               "slice by slice (A B B A …)\n")
+    head = ["setting", "round", "slices", "written µs/cycle", "confirm µs/cycle",
+            "confirm ÷ written (medians)", "(all slices)", "acked in written / confirm slices"]
+    out.append("| " + " | ".join(head) + " |")
+    out.append("|" + "---|" * len(head))
+    for (st, rd), by in rounds.items():
+        cells = []
+        for m in MODES:
+            cells.append(cell(Runs(by[m]), "server_cpu_us_per_cycle", 1))
+        med = [statistics.median(r["server_cpu_us_per_cycle"] for r in by[m]) if by[m] else None
+               for m in MODES]
+        pooled = [sum(r["server_cpu_s"] for r in by[m]) / sum(r["dispatches"] for r in by[m]) * 1e6
+                  if by[m] else None for m in MODES]
+        row = [st, str(rd), f"{len(by['written'])} + {len(by['confirm'])}"] + cells
+        row.append(f"{med[1] / med[0]:.3f}" if None not in med else "–")
+        row.append(f"{pooled[1] / pooled[0]:.3f}" if None not in pooled else "–")
+        row.append(f"{sum(r['acked'] for r in by['written']):,} / "
+                   f"{sum(r['acked'] for r in by['confirm']):,}")
+        out.append("| " + " | ".join(row) + " |")
+    out.append("")
+
+
 def verdict(ok):
     return "met" if ok else "**missed**"
 
@@ -195,6 +237,7 @@ def targets(g, out):
                 return Runs(v)
         return None
 
+    head = len(out)
     out.append("## Targets (issue 3)\n")
     out.append("| target | measured | verdict |")
     out.append("|---|---|---|")
@@ -244,7 +287,10 @@ def targets(g, out):
             v = sc.median(path)
             out.append(f"| scale p99 within ±10 %: {name} | ratio {v:.2f} | "
                        f"{verdict(0.9 <= v <= 1.1)} |")
-    out.append("")
+    if len(out) == head + 3:  # none of its scenarios ran
+        del out[head:]
+    else:
+        out.append("")
 
 
 def targets_floor(g, out):
@@ -264,6 +310,17 @@ def targets_floor(g, out):
             w, c = (Runs(r).median("server_cpu_us_per_cycle") for r in (rw, rc))
             rows.append(f"| … the same at {st[4:]} cycles/s offered | {c:.1f} µs vs {w:.1f} µs "
                         f"= {c / w:.3f}× | {verdict(c <= 1.05 * w)} |")
+    by_setting = defaultdict(list)
+    for (st, _), by in modes_rounds(g).items():
+        if by["written"] and by["confirm"]:
+            w, c = (statistics.median(r["server_cpu_us_per_cycle"] for r in by[m]) for m in MODES)
+            by_setting[st].append(c / w)
+    for st, rs in by_setting.items():
+        where = "in the closed loop" if st == "closed" else f"at {st[4:]} cycles/s offered"
+        met = sum(1 for x in rs if x <= 1.05)
+        rows.append(f"| `confirm` ≤ 1.05 × `written` on one server (modes), {where}, per round | "
+                    f"{', '.join(f'{x:.3f}' for x in rs)} | {verdict(met == len(rs))} "
+                    f"({met} of {len(rs)}) |")
     fl, bun = cpu("floor"), cpu("bun-compiled")
     for name in ("pilotlight", "pilotlight-confirm", "pilotlight-written"):
         pl = cpu(name)
@@ -309,6 +366,7 @@ def main():
     for scenario, prefix, title, cols, headline in TABLES:
         for setting in settings_of(g, scenario, prefix):
             table(g, scenario, setting, title, cols, headline, out)
+    modes_table(g, out)
     targets(g, out)
     targets_floor(g, out)
     print("\n".join(out))

@@ -155,3 +155,44 @@ def test_bench_report_adds_up_a_sliced_run(server):
     assert one["delivered_per_s"] == pytest.approx(4 * a["delivered"] / (3 * a["secs"]))
     assert one["hit_ratio"] == pytest.approx(a["hits"] / a["dispatches"])
     assert next(m for m in merged if m.get("run") == 2)["slices"] == 1
+
+
+def test_bench_modes_switches_delivery_on_one_server(start_server, tmp_path):
+    """bench's modes scenario: bench_modes.py switches one running server
+    between written and confirm (config rewritten, SIGHUP) in A B B A order
+    under a steady pl-loadgen, one JSON line per slice; the report turns
+    them into one row per round. The switch is real: only confirm slices
+    see acknowledged deliveries."""
+    import sys
+    sys.path.insert(0, str(REPO_ROOT / "loadtest"))
+    import bench_report
+
+    conf = tmp_path / "pilotlight.conf"
+    conf.write_text("max_waiters_per_key = 1000\ndelivery = confirm\n")
+    srv = start_server("--config", str(conf))
+    gen = subprocess.Popen([LOADGEN, "--target", f"127.0.0.1:{srv.port}", "--json",
+                            "--controllers", "20", "--dispatchers", "4", "--keys", "4",
+                            "--duration", "8", "--warmup", "0.2", "--rate", "400", "cycle"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        p = subprocess.run([sys.executable, str(REPO_ROOT / "loadtest" / "bench_modes.py"),
+                            "--pid", str(srv.proc.pid), "--port", str(srv.port),
+                            "--config", str(conf), "--slices", "4", "--secs", "0.5",
+                            "--settle", "0.2",
+                            "--label", '{"system":"pilotlight","setting":"rate400","round":1}'],
+                           capture_output=True, text=True, timeout=60)
+    finally:
+        gen.kill()
+        gen.wait()
+    assert p.returncode == 0, p.stderr
+    recs = [json.loads(ln) for ln in p.stdout.splitlines()]
+    assert [r["mode"] for r in recs] == ["written", "confirm", "confirm", "written"]
+    for r in recs:
+        assert r["scenario"] == "modes" and r["round"] == 1 and r["dispatches"] > 0, r
+        assert r["server_cpu_us_per_cycle"] > 0, r
+        assert (r["acked"] > 0) == (r["mode"] == "confirm"), recs
+    assert conf.read_text() == "max_waiters_per_key = 1000\ndelivery = written\n"
+    out = []
+    bench_report.modes_table(bench_report.group(recs), out)
+    (row,) = [ln for ln in out if ln.startswith("| rate400 | 1 | 2 + 2 |")]
+    assert row.split(" | ")[-1].startswith("0 / "), row
