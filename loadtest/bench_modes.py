@@ -4,7 +4,9 @@
 started with --config CONFIG, switches `delivery` between written and
 confirm by rewriting CONFIG's `delivery` line and sending SIGHUP, slice by slice in ABBA order,
 and prints one JSON line per slice: the server's CPU (schedstat, all its
-threads) over the dispatches it answered (its own /metrics).
+threads) over the dispatches it answered (its own /metrics), and the share
+of its CPU's time the host took (steal; not in schedstat, but a host that
+takes much also leaves the caches cold).
 
 Why not two servers: this machine's cost per wake-up drifts by 7-12 % over
 seconds (docs/benchmarks.md), and fresh servers differ by as much, so two
@@ -36,6 +38,18 @@ def cpu_seconds(pid):
     return total / 1e9
 
 
+def cpu_ticks(cpu):
+    """(steal, all) clock ticks of one CPU (or of all, cpu None) so far."""
+    name = "cpu" if cpu is None else f"cpu{cpu}"
+    with open("/proc/stat") as f:
+        for ln in f:
+            v = ln.split()
+            if v[0] == name:
+                t = [int(x) for x in v[1:9]]  # user .. steal
+                return t[7], sum(t)
+    return 0, 0
+
+
 def counters(port):
     """Answered dispatches (hit + miss) and acknowledged confirm attempts."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
@@ -57,6 +71,7 @@ def main():
     ap.add_argument("--secs", type=float, default=3.0)
     ap.add_argument("--settle", type=float, default=0.25,
                     help="seconds left out after each switch")
+    ap.add_argument("--cpu", type=int, help="the server's CPU, for the host's steal time")
     ap.add_argument("--label", default="{}", help="JSON object merged into every line")
     a = ap.parse_args()
     label = json.loads(a.label)
@@ -69,12 +84,16 @@ def main():
         os.kill(a.pid, signal.SIGHUP)
         time.sleep(a.settle)
         c0, (k0, ack0), t0 = cpu_seconds(a.pid), counters(a.port), time.monotonic()
+        s0 = cpu_ticks(a.cpu)
         time.sleep(a.secs)
         c1, (k1, ack1), t1 = cpu_seconds(a.pid), counters(a.port), time.monotonic()
+        s1 = cpu_ticks(a.cpu)
         n = k1 - k0
         print(json.dumps(dict(label, scenario="modes", slice=i + 1, mode=mode,
                               secs=round(t1 - t0, 3), dispatches=int(n),
                               acked=int(ack1 - ack0), server_cpu_s=round(c1 - c0, 6),
+                              steal_pct=round(100.0 * (s1[0] - s0[0]) / (s1[1] - s0[1]), 2)
+                              if s1[1] > s0[1] else 0.0,
                               server_cpu_us_per_cycle=round((c1 - c0) * 1e6 / n, 3)
                               if n else -1)), flush=True)
     return 0

@@ -206,7 +206,8 @@ def modes_table(g, out):
     out.append("### confirm against written on one server: delivery switched by SIGHUP "
                "slice by slice (A B B A …)\n")
     head = ["setting", "round", "slices", "written µs/cycle", "confirm µs/cycle",
-            "confirm ÷ written (medians)", "(all slices)", "acked in written / confirm slices"]
+            "confirm ÷ written (medians)", "(all slices)", "acked in written / confirm slices",
+            "host steal % (median, max)"]
     out.append("| " + " | ".join(head) + " |")
     out.append("|" + "---|" * len(head))
     for (st, rd), by in rounds.items():
@@ -222,6 +223,8 @@ def modes_table(g, out):
         row.append(f"{pooled[1] / pooled[0]:.3f}" if None not in pooled else "–")
         row.append(f"{sum(r['acked'] for r in by['written']):,} / "
                    f"{sum(r['acked'] for r in by['confirm']):,}")
+        steal = [r["steal_pct"] for m in MODES for r in by[m] if "steal_pct" in r]
+        row.append(f"{statistics.median(steal):.1f}, {max(steal):.1f}" if steal else "–")
         out.append("| " + " | ".join(row) + " |")
     out.append("")
 
