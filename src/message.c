@@ -338,15 +338,25 @@ static int same(const name *n, const char *s, size_t len)
     return n->len == len && memcmp(n->s, s, len) == 0;
 }
 
+/* A name's bit in its object's filter: from its length, first and last
+ * byte, spread over 64 by a multiply. */
+static uint64_t filter_bit(const char *s, size_t len)
+{
+    uint32_t tag = len == 0 ? 0
+                            : (uint32_t)len << 16 ^ (uint32_t)(unsigned char)s[0] << 8 ^
+                                  (unsigned char)s[len - 1];
+
+    return 1ULL << (tag * 0x9E3779B1u >> 26);
+}
+
 /* Records member name <s>,<len> (decoded) of object <o>; <raw>,<raw_len>
  * is how it was written, kept for the error when it repeats. */
 static int remember(reader *r, object_names *o, const char *s, size_t len,
                     const char *raw, size_t raw_len)
 {
     const name *dup = NULL;
-    uint32_t h = 0, tag = len == 0 ? 0 : (uint32_t)len << 16 ^ (uint32_t)(unsigned char)s[0] << 8 ^
-                                              (unsigned char)s[len - 1];
-    uint64_t bit = 1ULL << (tag * 0x9E3779B1u >> 26);
+    uint32_t h = 0;
+    uint64_t bit = filter_bit(s, len);
 
     if (o->count < LINEAR_NAMES) {
         if (o->seen & bit)
