@@ -2,11 +2,11 @@
 """bench_modes.py -- confirm against written on one server: loadtest/bench's
 `modes` scenario. While pl-loadgen keeps a steady load on a pilotlight
 started with --config CONFIG, switches `delivery` between written and
-confirm by rewriting CONFIG's `delivery` line and sending SIGHUP, slice by slice in ABBA order,
-and prints one JSON line per slice: the server's CPU (schedstat, all its
-threads) over the dispatches it answered (its own /metrics), and the share
-of its CPU's time the host took (steal; not in schedstat, but a host that
-takes much also leaves the caches cold).
+confirm by rewriting CONFIG's `delivery` line and sending SIGHUP, slice by
+slice in ABBA order, and prints one JSON line per slice: the server's CPU
+(schedstat, all its threads) over the dispatches it answered (its own
+/metrics), and the share of its CPU's time the host took (steal; not in
+schedstat, but a host that takes much also leaves the caches cold).
 
 Why not two servers: this machine's cost per wake-up drifts by 7-12 % over
 seconds (docs/benchmarks.md), and fresh servers differ by as much, so two
@@ -69,8 +69,10 @@ def main():
     ap.add_argument("--config", required=True, help="the server's config file")
     ap.add_argument("--slices", type=int, default=16)
     ap.add_argument("--secs", type=float, default=3.0)
-    ap.add_argument("--settle", type=float, default=0.25,
-                    help="seconds left out after each switch")
+    ap.add_argument("--settle", type=float, default=0.3,
+                    help="seconds left out after each switch (longer than "
+                         "confirm_timeout_ms, so no delivery of the last mode "
+                         "settles in the slice)")
     ap.add_argument("--cpu", type=int, help="the server's CPU, for the host's steal time")
     ap.add_argument("--label", default="{}", help="JSON object merged into every line")
     a = ap.parse_args()

@@ -178,7 +178,7 @@ def test_bench_modes_switches_delivery_on_one_server(start_server, tmp_path):
         p = subprocess.run([sys.executable, str(REPO_ROOT / "loadtest" / "bench_modes.py"),
                             "--pid", str(srv.proc.pid), "--port", str(srv.port),
                             "--config", str(conf), "--slices", "4", "--secs", "0.5",
-                            "--settle", "0.2", "--cpu", "0",
+                            "--settle", "0.3", "--cpu", "0",
                             "--label", '{"system":"pilotlight","setting":"rate400","round":1}'],
                            capture_output=True, text=True, timeout=60)
     finally:
