@@ -8,11 +8,12 @@ slice in ABBA order, and prints one JSON line per slice: the server's CPU
 /metrics), and the share of its CPU's time the host took (steal; not in
 schedstat, but a host that takes much also leaves the caches cold).
 
-Why not two servers: this machine's cost per wake-up drifts by 7-12 % over
-seconds (docs/benchmarks.md), and fresh servers differ by as much, so two
-modes measured on two servers differ by more than the 5 % in question. One
-process and slices seconds apart see the same drift; ABBA keeps a linear
-drift from favouring either mode."""
+Why one server: it takes a fresh server's own differences and start-up
+out of the comparison, and ABBA keeps a linear drift of the machine from
+favouring either mode. What it does not remove is the host: on a busy one,
+neighbouring slices of one mode differ by up to 16 % and the rounds scatter
+as widely as the bench's fresh-server slices (docs/benchmarks.md), so a
+ratio to within a few per cent takes many slices (MODE_SLICES)."""
 
 import argparse
 import json

@@ -199,6 +199,17 @@ def modes_rounds(g):
     return out
 
 
+def modes_ratios(by):
+    """A round's confirm ÷ written: by the modes' median slices, and over
+    all their slices (CPU over dispatches); None where a mode has none."""
+    if not by["written"] or not by["confirm"]:
+        return None, None
+    med = [statistics.median(r["server_cpu_us_per_cycle"] for r in by[m]) for m in MODES]
+    pooled = [sum(r["server_cpu_s"] for r in by[m]) / sum(r["dispatches"] for r in by[m])
+              for m in MODES]
+    return med[1] / med[0], pooled[1] / pooled[0]
+
+
 def modes_table(g, out):
     rounds = modes_rounds(g)
     if not rounds:
@@ -211,16 +222,9 @@ def modes_table(g, out):
     out.append("| " + " | ".join(head) + " |")
     out.append("|" + "---|" * len(head))
     for (st, rd), by in rounds.items():
-        cells = []
-        for m in MODES:
-            cells.append(cell(Runs(by[m]), "server_cpu_us_per_cycle", 1))
-        med = [statistics.median(r["server_cpu_us_per_cycle"] for r in by[m]) if by[m] else None
-               for m in MODES]
-        pooled = [sum(r["server_cpu_s"] for r in by[m]) / sum(r["dispatches"] for r in by[m]) * 1e6
-                  if by[m] else None for m in MODES]
-        row = [st, str(rd), f"{len(by['written'])} + {len(by['confirm'])}"] + cells
-        row.append(f"{med[1] / med[0]:.3f}" if None not in med else "–")
-        row.append(f"{pooled[1] / pooled[0]:.3f}" if None not in pooled else "–")
+        row = [st, str(rd), f"{len(by['written'])} + {len(by['confirm'])}"]
+        row += [cell(Runs(by[m]), "server_cpu_us_per_cycle", 1) for m in MODES]
+        row += [f"{x:.3f}" if x is not None else "–" for x in modes_ratios(by)]
         row.append(f"{sum(r['acked'] for r in by['written']):,} / "
                    f"{sum(r['acked'] for r in by['confirm']):,}")
         steal = [r["steal_pct"] for m in MODES for r in by[m] if "steal_pct" in r]
@@ -315,9 +319,9 @@ def targets_floor(g, out):
                         f"= {c / w:.3f}× | {verdict(c <= 1.05 * w)} |")
     by_setting = defaultdict(list)
     for (st, _), by in modes_rounds(g).items():
-        if by["written"] and by["confirm"]:
-            w, c = (statistics.median(r["server_cpu_us_per_cycle"] for r in by[m]) for m in MODES)
-            by_setting[st].append(c / w)
+        x = modes_ratios(by)[0]
+        if x is not None:
+            by_setting[st].append(x)
     for st, rs in by_setting.items():
         where = "in the closed loop" if st == "closed" else f"at {st[4:]} cycles/s offered"
         met = sum(1 for x in rs if x <= 1.05)

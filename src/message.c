@@ -356,9 +356,10 @@ static int remember(reader *r, object_names *o, const char *s, size_t len,
 {
     const name *dup = NULL;
     uint32_t h = 0;
-    uint64_t bit = filter_bit(s, len);
 
     if (o->count < LINEAR_NAMES) {
+        uint64_t bit = filter_bit(s, len);
+
         if (o->seen & bit)
             for (uint32_t i = o->last; i != 0 && dup == NULL; i = r->names[i - 1].prev)
                 if (same(&r->names[i - 1], s, len))
