@@ -1,19 +1,20 @@
 #!/usr/bin/env python3
-"""bench_modes.py -- confirm against written on one server: loadtest/bench's
-`modes` scenario. While pl-loadgen keeps a steady load on a pilotlight
-started with --config CONFIG, switches `delivery` between written and
-confirm by rewriting CONFIG's `delivery` line and sending SIGHUP, slice by
-slice in ABBA order, and prints one JSON line per slice: the server's CPU
-(schedstat, all its threads) over the dispatches it answered (its own
-/metrics), and the share of its CPU's time the host took (steal; not in
-schedstat, but a host that takes much also leaves the caches cold).
+"""bench_modes.py -- confirm against written, measured in the same seconds:
+loadtest/bench's `modes` scenario. Two pilotlight servers share one CPU,
+each started with its own --config FILE and each under its own steady
+pl-loadgen, and are always in opposite delivery modes: slice by slice the
+script rewrites both files' `delivery` line and sends both a SIGHUP,
+swapping the roles in A B B A order. It prints one JSON line per slice:
+each mode's server CPU (schedstat, all its threads) over the dispatches it
+answered (its own /metrics), and confirm's over written's.
 
-Why one server: it takes a fresh server's own differences and start-up
-out of the comparison, and ABBA keeps a linear drift of the machine from
-favouring either mode. What it does not remove is the host: on a busy one,
-neighbouring slices of one mode differ by up to 16 % and the rounds scatter
-as widely as the bench's fresh-server slices (docs/benchmarks.md), so a
-ratio to within a few per cent takes many slices (MODE_SLICES)."""
+Why two at once: what the host takes from the CPU (steal, cold caches)
+comes and goes within seconds, and moved one server's cost per cycle by up
+to 16 % between neighbouring 3 s slices (docs/benchmarks.md). Two servers
+on the same CPU in the same seconds both pay it, and their ratio moves by
+a few per cent at most. Why the swap: the two servers differ a little by
+themselves (a few per cent, whichever mode they run); each mode runs half
+the slices on each, so two neighbouring slices together cancel it."""
 
 import argparse
 import json
@@ -63,42 +64,59 @@ def counters(port):
             total(r'^pilotlight_confirm_total\{outcome="acked"\} (\S+)'))
 
 
+class Server:
+    def __init__(self, spec):
+        pid, port, self.config = spec.split(":", 2)
+        self.pid, self.port = int(pid), int(port)
+        with open(self.config) as f:
+            self.rest = "".join(ln for ln in f if not re.match(r"\s*delivery\s*=", ln))
+
+    def switch(self, mode):
+        with open(self.config, "w") as f:
+            f.write(self.rest + f"delivery = {mode}\n")
+        os.kill(self.pid, signal.SIGHUP)
+
+    def sample(self):
+        return (cpu_seconds(self.pid),) + counters(self.port)
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--pid", type=int, required=True)
-    ap.add_argument("--port", type=int, required=True)
-    ap.add_argument("--config", required=True, help="the server's config file")
+    ap.add_argument("--server", action="append", required=True, metavar="PID:PORT:CONFIG",
+                    help="twice: the two servers and their config files")
     ap.add_argument("--slices", type=int, default=16)
     ap.add_argument("--secs", type=float, default=3.0)
     ap.add_argument("--settle", type=float, default=0.3,
                     help="seconds left out after each switch (longer than "
                          "confirm_timeout_ms, so no delivery of the last mode "
                          "settles in the slice)")
-    ap.add_argument("--cpu", type=int, help="the server's CPU, for the host's steal time")
+    ap.add_argument("--cpu", type=int, help="the servers' CPU, for the host's steal time")
     ap.add_argument("--label", default="{}", help="JSON object merged into every line")
     a = ap.parse_args()
+    if len(a.server) != 2:
+        ap.error("--server is given twice")
+    servers = [Server(s) for s in a.server]
     label = json.loads(a.label)
-    with open(a.config) as f:
-        rest = "".join(ln for ln in f if not re.match(r"\s*delivery\s*=", ln))
     for i in range(a.slices):
-        mode = MODES[(i + i // 2) % 2]  # A B B A A B B A ...
-        with open(a.config, "w") as f:
-            f.write(rest + f"delivery = {mode}\n")
-        os.kill(a.pid, signal.SIGHUP)
+        first = MODES[(i + i // 2) % 2]  # the first server's: A B B A A B B A ...
+        modes = (first, MODES[first == "written"])
+        for s, m in zip(servers, modes):
+            s.switch(m)
         time.sleep(a.settle)
-        c0, (k0, ack0), t0 = cpu_seconds(a.pid), counters(a.port), time.monotonic()
-        s0 = cpu_ticks(a.cpu)
+        before, s0 = [s.sample() for s in servers], cpu_ticks(a.cpu)
         time.sleep(a.secs)
-        c1, (k1, ack1), t1 = cpu_seconds(a.pid), counters(a.port), time.monotonic()
-        s1 = cpu_ticks(a.cpu)
-        n = k1 - k0
-        print(json.dumps(dict(label, scenario="modes", slice=i + 1, mode=mode,
-                              secs=round(t1 - t0, 3), dispatches=int(n),
-                              acked=int(ack1 - ack0), server_cpu_s=round(c1 - c0, 6),
-                              steal_pct=round(100.0 * (s1[0] - s0[0]) / (s1[1] - s0[1]), 2)
-                              if s1[1] > s0[1] else 0.0,
-                              server_cpu_us_per_cycle=round((c1 - c0) * 1e6 / n, 3)
-                              if n else -1)), flush=True)
+        after, s1 = [s.sample() for s in servers], cpu_ticks(a.cpu)
+        line = dict(label, scenario="modes", slice=i + 1, first=first,
+                    steal_pct=round(100.0 * (s1[0] - s0[0]) / (s1[1] - s0[1]), 2)
+                    if s1[1] > s0[1] else 0.0)
+        for m, b, e in zip(modes, before, after):
+            n = e[1] - b[1]
+            line[f"{m}_dispatches"] = int(n)
+            line[f"{m}_acked"] = int(e[2] - b[2])
+            line[f"{m}_us_per_cycle"] = round((e[0] - b[0]) * 1e6 / n, 3) if n else -1
+        if line["written_dispatches"] and line["confirm_dispatches"]:
+            line["ratio"] = round(line["confirm_us_per_cycle"] / line["written_us_per_cycle"], 4)
+        print(json.dumps(line), flush=True)
     return 0
 
 

@@ -157,43 +157,55 @@ def test_bench_report_adds_up_a_sliced_run(server):
     assert next(m for m in merged if m.get("run") == 2)["slices"] == 1
 
 
-def test_bench_modes_switches_delivery_on_one_server(start_server, tmp_path):
-    """bench's modes scenario: bench_modes.py switches one running server
-    between written and confirm (config rewritten, SIGHUP) in A B B A order
-    under a steady pl-loadgen, one JSON line per slice; the report turns
-    them into one row per round. The switch is real: only confirm slices
-    see acknowledged deliveries."""
+def test_bench_modes_swaps_delivery_between_two_servers(start_server, tmp_path):
+    """bench's modes scenario: bench_modes.py keeps two running servers in
+    opposite delivery modes (configs rewritten, SIGHUP), swapping them in
+    A B B A order under steady pl-loadgens, one JSON line per slice with
+    both modes' cost; the report turns them into one row per round. The
+    switch is real: only the server in confirm sees acknowledged
+    deliveries, and the report's ratio is the one the slices give."""
     import sys
     sys.path.insert(0, str(REPO_ROOT / "loadtest"))
     import bench_report
 
-    conf = tmp_path / "pilotlight.conf"
-    conf.write_text("max_waiters_per_key = 1000\ndelivery = confirm\n")
-    srv = start_server("--config", str(conf))
-    gen = subprocess.Popen([LOADGEN, "--target", f"127.0.0.1:{srv.port}", "--json",
-                            "--controllers", "20", "--dispatchers", "4", "--keys", "4",
-                            "--duration", "8", "--warmup", "0.2", "--rate", "400", "cycle"],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    specs, gens = [], []
+    for i in (1, 2):
+        conf = tmp_path / f"pilotlight{i}.conf"
+        conf.write_text("max_waiters_per_key = 1000\ndelivery = confirm\n")
+        srv = start_server("--config", str(conf))
+        specs += ["--server", f"{srv.proc.pid}:{srv.port}:{conf}"]
+        gens.append(subprocess.Popen([LOADGEN, "--target", f"127.0.0.1:{srv.port}", "--json",
+                                      "--controllers", "20", "--dispatchers", "4", "--keys", "4",
+                                      "--duration", "8", "--warmup", "0.2", "--rate", "400",
+                                      "cycle"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     try:
         p = subprocess.run([sys.executable, str(REPO_ROOT / "loadtest" / "bench_modes.py"),
-                            "--pid", str(srv.proc.pid), "--port", str(srv.port),
-                            "--config", str(conf), "--slices", "4", "--secs", "0.5",
-                            "--settle", "0.3", "--cpu", "0",
+                            *specs, "--slices", "4", "--secs", "0.5", "--settle", "0.3",
+                            "--cpu", "0",
                             "--label", '{"system":"pilotlight","setting":"rate400","round":1}'],
                            capture_output=True, text=True, timeout=60)
     finally:
-        gen.kill()
-        gen.wait()
+        for gen in gens:
+            gen.kill()
+            gen.wait()
     assert p.returncode == 0, p.stderr
     recs = [json.loads(ln) for ln in p.stdout.splitlines()]
-    assert [r["mode"] for r in recs] == ["written", "confirm", "confirm", "written"]
+    assert [r["first"] for r in recs] == ["written", "confirm", "confirm", "written"]
     for r in recs:
-        assert r["scenario"] == "modes" and r["round"] == 1 and r["dispatches"] > 0, r
-        assert r["server_cpu_us_per_cycle"] > 0 and 0 <= r["steal_pct"] <= 100, r
-        assert (r["acked"] > 0) == (r["mode"] == "confirm"), recs
-    assert conf.read_text() == "max_waiters_per_key = 1000\ndelivery = written\n"
+        assert r["scenario"] == "modes" and r["round"] == 1, r
+        assert r["written_dispatches"] > 0 and r["confirm_dispatches"] > 0, r
+        assert r["written_acked"] == 0 and r["confirm_acked"] > 0, r
+        assert 0 <= r["steal_pct"] <= 100, r
+        assert r["ratio"] == pytest.approx(r["confirm_us_per_cycle"] / r["written_us_per_cycle"],
+                                           rel=1e-3), r
+    for i, mode in ((1, "written"), (2, "confirm")):  # the last slice's roles
+        assert (tmp_path / f"pilotlight{i}.conf").read_text() == \
+            f"max_waiters_per_key = 1000\ndelivery = {mode}\n"
     out = []
     bench_report.modes_table(bench_report.group(recs), out)
-    (row,) = [ln for ln in out if ln.startswith("| rate400 | 1 | 2 + 2 |")]
+    (row,) = [ln for ln in out if ln.startswith("| rate400 | 1 | 4 |")]
     cells = row.strip("| ").split(" | ")
-    assert cells[7].startswith("0 / ") and cells[7] != "0 / 0", row  # acked per mode
+    pairs = [(recs[0]["ratio"] * recs[1]["ratio"]) ** 0.5, (recs[2]["ratio"] * recs[3]["ratio"]) ** 0.5]
+    assert float(cells[5]) == pytest.approx((pairs[0] * pairs[1]) ** 0.5, abs=1e-3), row
+    assert cells[8].startswith("0 / ") and cells[8] != "0 / 0", row
