@@ -222,6 +222,7 @@ def test_blackholed_controller_gets_false(net):
         assert m.settled("disconnect") == 1 and m.settled("matched") == 0, m.text
         assert m.dispatched("miss") == 1 and m.parked_now == 0 and ledger_ok(m), m.text
         print(f"\nblackhole -> false in {took * 1000:.0f} ms")
+        ctl.close()
     finally:
         srv.stop()
 
@@ -291,5 +292,6 @@ def test_dead_peer_found_while_parked(net):
         print(f"\ndead parked peer found in {took:.1f} s")
         hit, _ = srv.dispatch(EXAMPLE)
         assert hit is False
+        ctl.close()
     finally:
         srv.stop()

@@ -6,7 +6,6 @@ loadtest/bench, a separate command."""
 import json
 import os
 import subprocess
-from pathlib import Path
 
 import pytest
 

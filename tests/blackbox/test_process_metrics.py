@@ -7,7 +7,6 @@ import resource
 import select
 import signal
 import socket
-import subprocess
 import time
 
 from conftest import HOST, IO_TIMEOUT, Conn, Server, assert_ledger, run_binary, scrape
