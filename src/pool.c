@@ -156,12 +156,13 @@ void pl_pool_put(pl_pool *p, void *obj)
     p->in_use--;
 }
 
+/* The classes are the powers of two from 64 bytes: a size's class is the
+ * bit length of size - 1, less that of 63. */
 static pl_pool *class_of(size_t size)
 {
-    for (size_t i = 0; i < sizeof(classes) / sizeof(classes[0]); i++)
-        if (size <= classes[i].size)
-            return &classes[i];
-    return NULL;
+    size_t i = size <= 64 ? 0 : (size_t)(64 - __builtin_clzll((unsigned long long)size - 1)) - 6;
+
+    return i < sizeof(classes) / sizeof(classes[0]) ? &classes[i] : NULL;
 }
 
 void *pl_pool_alloc(size_t size, size_t *cap)

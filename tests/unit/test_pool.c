@@ -209,6 +209,16 @@ static void test_size_classes(void)
     memset(big, 2, cap);
     pl_pool_free(big, cap);
     pl_pool_free(NULL, 10);
+    for (size_t n = 0, want = 64; n <= PL_POOL_CLASS_MAX + 1; n++) {
+        if (n > want)
+            want *= 2; /* the least power of two from 64 that holds n */
+        p = pl_pool_alloc(n, &cap);
+        pl_pool_free(p, n);
+        if (cap != (n > PL_POOL_CLASS_MAX ? n : want)) {
+            CHECK_EQ(cap, n > PL_POOL_CLASS_MAX ? n : want); /* the first wrong one */
+            break;
+        }
+    }
 }
 
 static void test_buf_through_classes(void)
