@@ -133,6 +133,13 @@ static int on_settle(void *owner, pl_outcome outcome, const void *arg)
         pl_conn_respond(c, 204, NULL, NULL, NULL, 0);
         break;
     case PL_OUTCOME_REPLACED:
+        /* A controller that hung up and polled again on another connection
+         * can be read before its hang-up is: that poll was given up, not
+         * replaced, and a 409 would go nowhere. */
+        if (pl_conn_peer_gone(c)) {
+            pl_conn_close(c);
+            return -1;
+        }
         reply_error(c, 409, "replaced by a newer poll from the same controller");
         break;
     case PL_OUTCOME_REJECTED:

@@ -243,7 +243,7 @@ static int settle(pl_engine *e, pl_waiter *w, pl_outcome outcome,
     rc = e->opts.settle(w->owner, outcome, arg);
     if (outcome == PL_OUTCOME_MATCHED && rc == PL_SETTLE_PENDING)
         return rc; /* still counted as parked until pl_engine_confirm() */
-    if (outcome == PL_OUTCOME_MATCHED && rc != 0)
+    if ((outcome == PL_OUTCOME_MATCHED || outcome == PL_OUTCOME_REPLACED) && rc != 0)
         outcome = PL_OUTCOME_DISCONNECT;
     retire(e, w, outcome, linked);
     return rc;

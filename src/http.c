@@ -826,6 +826,20 @@ int pl_conn_reset_after_write(const pl_conn *c)
     return c->peer_reset && conn_all_sent(c); /* its descriptor is still open */
 }
 
+int pl_conn_peer_gone(const pl_conn *c)
+{
+    uv_os_fd_t fd;
+    ssize_t n;
+    char b;
+
+    if (c->closing || c->peer_eof)
+        return 1;
+    if (uv_fileno((const uv_handle_t *)&c->tcp, &fd) != 0)
+        return 1;
+    n = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
 void pl_conn_hold_on_eof(pl_conn *c)
 {
     c->eof_holds = 1;

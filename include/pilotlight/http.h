@@ -110,6 +110,12 @@ int pl_conn_acknowledged(const pl_conn *c);
  * this is for. */
 int pl_conn_reset_after_write(const pl_conn *c);
 
+/* 1 when <c>'s peer has hung up although its reader has not yet seen it:
+ * an EOF or a reset waits in the socket, with no data ahead of it. Costs one
+ * recv(MSG_PEEK); for the rare paths that must tell a gone peer from a live
+ * one before the loop gets to its EOF. */
+int pl_conn_peer_gone(const pl_conn *c);
+
 /* The request pending on <c> outlives a half-close: should the peer's EOF
  * arrive first, reading stops, the answer (and any pipelined ones) is still
  * sent, then <c> closes. For the current request only: a parked poll's EOF

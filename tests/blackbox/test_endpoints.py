@@ -1,10 +1,12 @@
 """The rows of PROTOCOL.md's "What pilotlight answers" table, one by one."""
 
 import json
+import os
+import signal
 import time
 
-from conftest import (EXAMPLE, assert_ledger, make_message,
-                      read_payload)
+from conftest import (EXAMPLE, assert_ledger, make_message, poll_headers,
+                      read_payload, scrape)
 
 
 def error_of(resp):
@@ -122,6 +124,42 @@ def test_other_controller_ids_do_not_replace(server):
     server.wait_parked(2)
     assert a.silent_for(0.1) and b.silent_for(0.1)
     assert server.metrics().settled("replaced") == 0
+
+
+def wait_stopped(pid, timeout=5.0):
+    """Until /proc says <pid> is stopped (SIGSTOP takes effect later)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "T":
+                return
+        time.sleep(0.005)
+    raise AssertionError(f"process {pid} did not stop")
+
+
+def test_hung_up_poll_read_after_its_repoll_is_a_disconnect(server):
+    """A controller that gives up its poll (closes it) and polls again on a
+    connection it holds already (Trigger.dev's client does) may be read in
+    the other order: the new poll first. The older poll was given up, not
+    replaced: it counts as a disconnect and no 409 is written. The server is
+    stopped while both arrive, so it reads the new poll first."""
+    old = server.park(controller_id="controller_gone")
+    spare = server.conn()
+    scrape(server.port, conn=spare)  # accepted, idle, watched
+    pid = server.proc.pid
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        wait_stopped(pid)
+        spare.request("GET", "/warm-start", poll_headers(controller_id="controller_gone"))
+        old.close()
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    m = server.wait_metrics(lambda m: m.parked_total == 2 and m.parked_now == 1,
+                            what="the second poll parked, the first settled")
+    assert_ledger(m)
+    assert (m.settled("disconnect"), m.settled("replaced")) == (1, 0), m.text
+    assert server.dispatch() is True
+    assert read_payload(spare) == EXAMPLE
 
 
 # -- caps -------------------------------------------------------------------------

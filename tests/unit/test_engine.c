@@ -18,6 +18,7 @@ typedef struct {
     const void *arg;
     int refuse;         /* answer MATCHED with "client gone" */
     int pending;        /* answer MATCHED with "written, to be confirmed" */
+    int gone;           /* answer REPLACED with "had hung up already" */
     pl_waiter *w;       /* from pl_engine_park() */
     /* used by the model test */
     int key, id;
@@ -56,6 +57,8 @@ static int settle_cb(void *owner, pl_outcome outcome, const void *arg)
     }
     if (outcome == PL_OUTCOME_MATCHED && o->pending)
         return PL_SETTLE_PENDING;
+    if (outcome == PL_OUTCOME_REPLACED && o->gone)
+        return -1;
     return outcome == PL_OUTCOME_MATCHED && o->refuse ? -1 : 0;
 }
 
@@ -248,9 +251,24 @@ static void test_replace_same_controller(void)
     CHECK_EQ(c.outcome, PL_OUTCOME_REPLACED);
     CHECK_EQ(pl_engine_park(e, &KB, "c1", 1, &f, 7, &f.w), 0);
     CHECK_EQ(d.calls, 0);
-    pl_engine_free(e);
+
+    /* A replaced poll whose client had hung up already counts as a
+     * disconnect; the new poll parks all the same. */
+    owner_t g = {0};
+    d.gone = 1;
+    memset(settled, 0, sizeof(settled));
+    settled[PL_OUTCOME_REPLACED] = 3;
+    settled[PL_OUTCOME_MATCHED] = 1;
+    settled[PL_OUTCOME_DISCONNECT] = 1;
+    CHECK_EQ(park(e, &KB, "c1", &g, 8), 0);
     CHECK_EQ(d.calls, 1);
+    CHECK_EQ(d.outcome, PL_OUTCOME_REPLACED);
+    CHECK(g.w != NULL);
+    CHECK_EQ(pl_engine_waiting(e, &KB), 2);
+    check_ledger(e, 7, 2, settled);
+    pl_engine_free(e);
     CHECK_EQ(f.calls, 1);
+    CHECK_EQ(g.calls, 1);
 }
 
 /* A controller id is replaced only within its deployment: another tenant
