@@ -435,7 +435,7 @@ static void confirm_finish(pl_broker *b, confirm *rec, int delivered)
     size_t size;
 
     if (rec->w != NULL) {
-        pl_conn_set_data(rec->controller, NULL, 0);
+        pl_conn_release(rec->controller);
         pl_engine_confirm(b->engine, rec->w, delivered);
     }
     if (delivered)

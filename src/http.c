@@ -795,8 +795,9 @@ void pl_conn_abort(pl_conn *c)
     struct linger lg = {1, 0};
     uv_os_fd_t fd;
 
-    if (c->closing)
-        return;
+    /* Also from on_close, where the descriptor is still open: a close that
+     * must not deliver what is still queued has to be a reset, whoever
+     * began it (the kernel sends its queue after a plain close). */
     if (uv_fileno((uv_handle_t *)&c->tcp, &fd) == 0)
         setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
     conn_close(c);
@@ -925,6 +926,13 @@ void pl_conn_set_data(pl_conn *c, void *data, unsigned kind)
 {
     c->data = data;
     c->data_kind = data ? kind & 0xf : 0;
+}
+
+void pl_conn_release(pl_conn *c)
+{
+    pl_conn_set_data(c, NULL, 0);
+    if (conn_http(c)->draining && c->list == TL_IDLE)
+        conn_close(c);
 }
 
 void *pl_conn_data(const pl_conn *c, unsigned *kind)
@@ -1250,8 +1258,13 @@ void pl_http_drain(pl_http *h, void (*done)(void *arg), void *arg)
     h->drained = done;
     h->drained_arg = arg;
     close_listener(h);
-    while (h->lists[TL_IDLE])
-        conn_close(h->lists[TL_IDLE]);
+    /* One the application holds (a run awaiting its ACK) is in progress:
+     * the application ends it, then pl_conn_release() closes it. */
+    for (c = h->lists[TL_IDLE]; c; c = next) {
+        next = c->lnext;
+        if (c->data == NULL)
+            conn_close(c);
+    }
     for (c = h->lists[TL_REQUEST]; c; c = next) {
         next = c->lnext;
         if (c->h1 == NULL || !c->h1->in_msg)

@@ -61,8 +61,9 @@ void pl_http_set_limits(pl_http *h, const pl_http_limits *limits);
 int pl_http_listen(pl_http *h, const struct sockaddr *addr, unsigned flags,
                    uint16_t *bound_port);
 
-/* Stops accepting, closes idle connections, and lets requests in progress
- * finish; every answer from now on closes its connection. <done>(<arg>)
+/* Stops accepting, closes idle connections (but those holding application
+ * data: see pl_conn_release()), and lets requests in progress finish; every
+ * answer from now on closes its connection. <done>(<arg>)
  * runs once no connection is left (possibly before this returns). */
 void pl_http_drain(pl_http *h, void (*done)(void *arg), void *arg);
 
@@ -178,6 +179,11 @@ int pl_conn_take_request(pl_conn *c, pl_buf *out);
  * none is set); on_close fires only while one is set. */
 void pl_conn_set_data(pl_conn *c, void *data, unsigned kind);
 void *pl_conn_data(const pl_conn *c, unsigned *kind);
+
+/* Clears <c>'s application data, as the end of what held it open: while
+ * the server drains (pl_http_drain() leaves such a connection be), an idle
+ * <c> is closed then. */
+void pl_conn_release(pl_conn *c);
 
 /* ---- a binary upgrade hands sockets over (see handover.h) ---- */
 

@@ -7,6 +7,7 @@ and must exit 0 with no sanitizer report on stderr.
 """
 
 import copy
+import ctypes
 import json
 import os
 import re
@@ -593,6 +594,19 @@ class Server:
 
     def wait_metrics(self, pred, timeout=5.0, what="condition"):
         return wait_metrics(self.port, pred, timeout, what)
+
+
+@pytest.fixture
+def subreaper():
+    """This process adopts orphaned descendants: a binary upgrade's new
+    process outlives its parent, the server this test started."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    yield
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+
+
+PR_SET_CHILD_SUBREAPER = 36
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ to this test process (made a child subreaper), so its exit status is read
 here. The program started is always given as --upgrade-binary PILOTLIGHT_BIN,
 so under tests/valgrind-wrap.sh the new process runs under valgrind too."""
 
-import ctypes
 import json
 import os
 import select
@@ -26,15 +25,6 @@ from test_scale import open_polls
 UNDER_VALGRIND = bool(os.environ.get("PL_VALGRIND_BIN"))
 # valgrind runs the server some 20-50 times slower: fewer polls, same keys.
 N_KEYS, PER_KEY = (100, 5) if UNDER_VALGRIND else (100, 50)
-PR_SET_CHILD_SUBREAPER = 36
-
-
-@pytest.fixture
-def subreaper():
-    libc = ctypes.CDLL(None, use_errno=True)
-    assert libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
-    yield
-    libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
 
 
 def fds(pid):

@@ -1,0 +1,131 @@
+"""delivery = confirm while the operator stops or upgrades the server: a
+run written to a controller whose ACK has not come yet is still answered
+truthfully to its dispatcher, by the process that wrote it."""
+import json
+import signal
+import socket
+import time
+
+from conftest import BIN, Conn, ConnectionClosed, build_request, make_message, poll_headers
+from test_faults import BIG_BODY_LIMIT, slow_reader
+from test_upgrade import ledger_adds_up, logged, stop_adopted, wait_logged
+
+PAD = 900_000  # far more than a 4 KiB window takes: the ACK waits for reads
+
+
+def pending_delivery(srv, run_id):
+    """A controller that does not read, a run dispatched to it; returns
+    (controller socket, dispatcher Conn, message) once the run's first bytes
+    reached the controller."""
+    ctl = slow_reader(srv.port)
+    ctl.sendall(build_request("GET", "/warm-start", poll_headers()))
+    srv.wait_parked(1)
+    msg = make_message(run_id=run_id)
+    msg["run"]["padding"] = "x" * PAD
+    d = Conn(srv.port)
+    d.send(build_request("POST", "/warm-start", {"Content-Type": "application/json"},
+                         json.dumps({"dequeuedMessage": msg})))
+    ctl.settimeout(10)
+    assert ctl.recv(1, socket.MSG_PEEK)
+    return ctl, d, msg
+
+
+def read_all(sock):
+    """Reads one response to the end (Content-Length); returns the body."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 "), head
+    n = int([ln.split(b":")[1] for ln in head.split(b"\r\n")
+             if ln.lower().startswith(b"content-length")][0])
+    while len(body) < n:
+        chunk = sock.recv(65536)
+        assert chunk, "closed before the whole payload"
+        body += chunk
+    return json.loads(body)
+
+
+def test_sigterm_waits_for_a_pending_delivery(start_server):
+    srv = start_server("--delivery", "confirm", "--confirm-timeout-ms", "5000",
+                       "--shutdown-timeout-ms", "8000", "--max-body-bytes", BIG_BODY_LIMIT)
+    ctl, d, msg = pending_delivery(srv, "run_term")
+    srv.sigterm()
+    time.sleep(0.3)
+    assert d.silent_for(0.1)
+    assert read_all(ctl) == msg
+    r = d.read_response()
+    assert r.status == 200 and r.json() == {"didWarmStart": True}, r
+    ctl.close()
+    d.close()
+    assert srv.wait_exit() == 0
+
+
+def test_upgrade_leaves_a_pending_delivery_with_the_old_process(start_server, subreaper):
+    srv = start_server("--delivery", "confirm", "--confirm-timeout-ms", "5000",
+                       "--max-body-bytes", BIG_BODY_LIMIT, "--upgrade-binary", BIN)
+    ctl, d, msg = pending_delivery(srv, "run_up")
+    srv.proc.send_signal(signal.SIGUSR2)
+    new = wait_logged(srv, "upgrade: adopted")[-1]["pid"]
+    assert d.silent_for(0.2)
+    assert read_all(ctl) == msg
+    r = d.read_response()
+    assert r.status == 200 and r.json() == {"didWarmStart": True}, r
+    ctl.close()
+    d.close()
+    assert srv.wait_exit(timeout=30) == 0
+    old = logged(srv, "ledger")[0]  # the old process's: it exited first
+    assert ledger_adds_up(old) and old["settled"]["matched"] == 1, old
+    assert old["settled"]["handed_over"] == 0, old
+    stop_adopted(srv, new)
+
+
+def read_what_arrives(sock, timeout=5.0):
+    """Every byte <sock> receives until it ends (EOF or reset)."""
+    sock.settimeout(timeout)
+    data = b""
+    try:
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    except ConnectionResetError:
+        pass
+    return data
+
+
+def test_a_controller_that_half_closes_before_its_ack_gets_no_run(start_server):
+    """The controller sends its EOF while the run is still in flight to it:
+    the broker answers false, so the run must not reach it. Its connection
+    is reset, not closed: a plain close would let the kernel send the rest
+    of the payload after the dispatcher heard false."""
+    srv = start_server("--delivery", "confirm", "--confirm-timeout-ms", "5000",
+                       "--max-body-bytes", BIG_BODY_LIMIT)
+    ctl, d, msg = pending_delivery(srv, "run_half")
+    ctl.shutdown(socket.SHUT_WR)
+    r = d.read_response()
+    assert r.status == 200 and r.json() == {"didWarmStart": False}, r
+    got = read_what_arrives(ctl)
+    assert 0 < len(got) < PAD, len(got)
+    m = srv.metrics()
+    assert m.get("pilotlight_confirm_total", outcome="reset") == 1, m.text
+    assert m.settled("disconnect") == 1 and m.settled("matched") == 0, m.text
+
+
+def test_the_shutdown_deadline_resets_an_unconfirmed_delivery(start_server):
+    """SIGTERM with a run awaiting an ACK that never comes: at the shutdown
+    deadline the controller's connection is reset and the dispatcher hears
+    false or nothing, never true, and the run does not arrive whole."""
+    srv = start_server("--delivery", "confirm", "--confirm-timeout-ms", "30000",
+                       "--shutdown-timeout-ms", "500", "--max-body-bytes", BIG_BODY_LIMIT)
+    ctl, d, msg = pending_delivery(srv, "run_deadline")
+    srv.sigterm()
+    try:
+        r = d.read_response(timeout=10)
+        assert r.status == 200 and r.json() == {"didWarmStart": False}, r
+    except ConnectionClosed:
+        pass
+    assert srv.wait_exit() == 0
+    got = read_what_arrives(ctl)
+    assert len(got) < PAD, len(got)
