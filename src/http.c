@@ -144,6 +144,7 @@ typedef struct {
 } write_req;
 
 static void conn_close(pl_conn *c);
+static void conn_drain_idle(pl_conn *c);
 static void conn_process_buffered(pl_conn *c);
 static void timer_arm(pl_http *h, uint64_t due);
 static void resume_cb(uv_idle_t *idle);
@@ -932,7 +933,7 @@ void pl_conn_release(pl_conn *c)
 {
     pl_conn_set_data(c, NULL, 0);
     if (conn_http(c)->draining && c->list == TL_IDLE)
-        conn_close(c);
+        conn_drain_idle(c);
 }
 
 void *pl_conn_data(const pl_conn *c, unsigned *kind)
@@ -1250,6 +1251,17 @@ static void close_listener(pl_http *h)
     h->spare_fd = -1;
 }
 
+/* Ends idle <c> for a drain. An answer still being written (a large run to
+ * a slow reader) is finished first: cut short, its run would be lost after
+ * its dispatcher heard true. */
+static void conn_drain_idle(pl_conn *c)
+{
+    if (uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) > 0)
+        conn_finish(c);
+    else
+        conn_close(c);
+}
+
 void pl_http_drain(pl_http *h, void (*done)(void *arg), void *arg)
 {
     pl_conn *c, *next;
@@ -1263,7 +1275,7 @@ void pl_http_drain(pl_http *h, void (*done)(void *arg), void *arg)
     for (c = h->lists[TL_IDLE]; c; c = next) {
         next = c->lnext;
         if (c->data == NULL)
-            conn_close(c);
+            conn_drain_idle(c);
     }
     for (c = h->lists[TL_REQUEST]; c; c = next) {
         next = c->lnext;

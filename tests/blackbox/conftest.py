@@ -138,8 +138,16 @@ class Conn:
     """One client connection with a receive buffer, so pipelined responses
     and interim (1xx) responses can be read one by one."""
 
-    def __init__(self, port, timeout=IO_TIMEOUT):
-        self.sock = socket.create_connection((HOST, port), timeout=timeout)
+    def __init__(self, port, timeout=IO_TIMEOUT, rcvbuf=None):
+        """<rcvbuf>: a receive buffer this small (set before connecting, so
+        the window stays small): a client that is slow to take a payload."""
+        if rcvbuf is None:
+            self.sock = socket.create_connection((HOST, port), timeout=timeout)
+        else:
+            self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+            self.sock.settimeout(timeout)
+            self.sock.connect((HOST, port))
         self.buf = b""
         self.eof = False
         self.timeout = timeout

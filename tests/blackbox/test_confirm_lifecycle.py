@@ -6,8 +6,8 @@ import signal
 import socket
 import time
 
-from conftest import BIN, Conn, ConnectionClosed, build_request, make_message, poll_headers
-from test_faults import BIG_BODY_LIMIT, slow_reader
+from conftest import BIN, Conn, ConnectionClosed, make_message, poll_headers, read_payload
+from test_faults import BIG_BODY_LIMIT
 from test_upgrade import ledger_adds_up, logged, stop_adopted, wait_logged
 
 PAD = 900_000  # far more than a 4 KiB window takes: the ACK waits for reads
@@ -15,35 +15,18 @@ PAD = 900_000  # far more than a 4 KiB window takes: the ACK waits for reads
 
 def pending_delivery(srv, run_id):
     """A controller that does not read, a run dispatched to it; returns
-    (controller socket, dispatcher Conn, message) once the run's first bytes
+    (controller Conn, dispatcher Conn, message) once the run's first bytes
     reached the controller."""
-    ctl = slow_reader(srv.port)
-    ctl.sendall(build_request("GET", "/warm-start", poll_headers()))
+    ctl = Conn(srv.port, rcvbuf=4096)
+    ctl.request("GET", "/warm-start", poll_headers())
     srv.wait_parked(1)
     msg = make_message(run_id=run_id)
     msg["run"]["padding"] = "x" * PAD
     d = Conn(srv.port)
-    d.send(build_request("POST", "/warm-start", {"Content-Type": "application/json"},
-                         json.dumps({"dequeuedMessage": msg})))
-    ctl.settimeout(10)
-    assert ctl.recv(1, socket.MSG_PEEK)
+    d.request("POST", "/warm-start", {"Content-Type": "application/json"},
+              json.dumps({"dequeuedMessage": msg}))
+    assert ctl.sock.recv(1, socket.MSG_PEEK)
     return ctl, d, msg
-
-
-def read_all(sock):
-    """Reads one response to the end (Content-Length); returns the body."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        data += sock.recv(65536)
-    head, _, body = data.partition(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 200 "), head
-    n = int([ln.split(b":")[1] for ln in head.split(b"\r\n")
-             if ln.lower().startswith(b"content-length")][0])
-    while len(body) < n:
-        chunk = sock.recv(65536)
-        assert chunk, "closed before the whole payload"
-        body += chunk
-    return json.loads(body)
 
 
 def test_sigterm_waits_for_a_pending_delivery(start_server):
@@ -53,7 +36,7 @@ def test_sigterm_waits_for_a_pending_delivery(start_server):
     srv.sigterm()
     time.sleep(0.3)
     assert d.silent_for(0.1)
-    assert read_all(ctl) == msg
+    assert read_payload(ctl) == msg
     r = d.read_response()
     assert r.status == 200 and r.json() == {"didWarmStart": True}, r
     ctl.close()
@@ -68,7 +51,7 @@ def test_upgrade_leaves_a_pending_delivery_with_the_old_process(start_server, su
     srv.proc.send_signal(signal.SIGUSR2)
     new = wait_logged(srv, "upgrade: adopted")[-1]["pid"]
     assert d.silent_for(0.2)
-    assert read_all(ctl) == msg
+    assert read_payload(ctl) == msg
     r = d.read_response()
     assert r.status == 200 and r.json() == {"didWarmStart": True}, r
     ctl.close()
@@ -103,10 +86,10 @@ def test_a_controller_that_half_closes_before_its_ack_gets_no_run(start_server):
     srv = start_server("--delivery", "confirm", "--confirm-timeout-ms", "5000",
                        "--max-body-bytes", BIG_BODY_LIMIT)
     ctl, d, msg = pending_delivery(srv, "run_half")
-    ctl.shutdown(socket.SHUT_WR)
+    ctl.sock.shutdown(socket.SHUT_WR)
     r = d.read_response()
     assert r.status == 200 and r.json() == {"didWarmStart": False}, r
-    got = read_what_arrives(ctl)
+    got = read_what_arrives(ctl.sock)
     assert 0 < len(got) < PAD, len(got)
     m = srv.metrics()
     assert m.get("pilotlight_confirm_total", outcome="reset") == 1, m.text
@@ -127,5 +110,5 @@ def test_the_shutdown_deadline_resets_an_unconfirmed_delivery(start_server):
     except ConnectionClosed:
         pass
     assert srv.wait_exit() == 0
-    got = read_what_arrives(ctl)
+    got = read_what_arrives(ctl.sock)
     assert len(got) < PAD, len(got)

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from conftest import EXAMPLE, HOST, get, read_payload
+from conftest import EXAMPLE, HOST, Conn, get, make_message, poll_headers, read_payload
 
 
 def test_sigterm_drains_parked_polls_without_response(start_server):
@@ -94,4 +94,24 @@ def test_dispatch_during_drain_delay_still_matches(start_server):
     time.sleep(0.2)
     assert s.dispatch() is True
     assert read_payload(w) == EXAMPLE
+    assert s.wait_exit() == 0
+
+
+def test_drain_finishes_an_answer_still_being_written(start_server):
+    """delivery = written: a run larger than the kernel takes at once, to a
+    controller that reads slowly, is answered true as soon as it is queued.
+    A SIGTERM then must not cut it short: its run would be lost."""
+    s = start_server("--delivery", "written", "--max-body-bytes", "8000000")
+    ctl = Conn(s.port, rcvbuf=4096)
+    ctl.request("GET", "/warm-start", poll_headers())
+    s.wait_parked(1)
+    msg = make_message(run_id="run_big")
+    msg["run"]["padding"] = "x" * 6_000_000  # above the kernel's 4 MiB send buffer
+    assert s.dispatch(msg) is True
+    s.sigterm()
+    time.sleep(0.3)  # drained: the listener is closed
+    with pytest.raises(OSError):
+        socket.create_connection((HOST, s.port), timeout=1).close()
+    assert read_payload(ctl, timeout=20) == msg
+    ctl.close()
     assert s.wait_exit() == 0
