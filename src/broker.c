@@ -917,6 +917,10 @@ int pl_broker_adopt(pl_broker *b, pl_conn *c, const pl_key *key, const char *id,
         return rc;
     pl_conn_set_data(c, w, DATA_WAITER);
     pl_conn_set_tag(c, PL_ROUTE_PARK);
+    /* As a poll parked here would: the older process's setting of the
+     * socket is unknown to this one's connection. */
+    if (pl_conn_watch_acks(c, b->cfg->delivery == PL_DELIVERY_CONFIRM) != 0)
+        b->metrics.ack_events_refused++;
     if (!uv_is_active((uv_handle_t *)&b->timer))
         timer_arm(b);
     return 0;

@@ -686,10 +686,12 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         return;
     }
     /* libuv reads on EPOLLERR too, which a queued ACK report raises until it
-     * is taken (nread == 0). A request arriving on a connection that awaits
-     * its ACK carries that ACK, so its report is queued already: take it
-     * first, saving the extra wakeup. */
-    if (c->acks == ACKS_ON && (nread == 0 || c->ack_waiting))
+     * is taken (nread == 0): taken whatever this connection expects, as a
+     * socket handed over by an upgrade may hold one asked for by the older
+     * process. A request arriving on a connection that awaits its ACK
+     * carries that ACK, so its report is queued already: take it first,
+     * saving the extra wakeup. */
+    if (nread == 0 || (c->acks == ACKS_ON && c->ack_waiting))
         conn_take_ack_report(c, nread > 0);
     if (nread == 0 || c->finishing || c->closing)
         return; /* lingering: drop what arrives */

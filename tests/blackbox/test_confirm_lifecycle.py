@@ -7,6 +7,7 @@ import socket
 import time
 
 from conftest import BIN, Conn, ConnectionClosed, make_message, poll_headers, read_payload
+from test_confirm_ack import methods, runs_on_one_connection
 from test_faults import BIG_BODY_LIMIT
 from test_upgrade import ledger_adds_up, logged, stop_adopted, wait_logged
 
@@ -112,3 +113,41 @@ def test_the_shutdown_deadline_resets_an_unconfirmed_delivery(start_server):
     assert srv.wait_exit() == 0
     got = read_what_arrives(ctl.sock)
     assert len(got) < PAD, len(got)
+
+
+def cpu_ticks(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        return sum(int(x) for x in f.read().rsplit(")", 1)[1].split()[11:13])
+
+
+def test_confirm_across_an_upgrade(start_server, subreaper):
+    """A controller whose socket already asks for ACK reports (three runs on
+    it, then parked again) is handed to the new process, which confirms its
+    next runs by reports of its own: true, each payload arrives, and the
+    new process does not spin on the socket's error queue."""
+    srv = start_server("--delivery", "confirm", "--upgrade-binary", BIN)
+    ctl = runs_on_one_connection(srv, 3, "up")
+    ctl.request("GET", "/warm-start", poll_headers(controller_id="ctl_up"))
+    srv.wait_parked(1)
+    srv.proc.send_signal(signal.SIGUSR2)
+    new = wait_logged(srv, "upgrade: adopted")[-1]["pid"]
+    assert srv.wait_exit(timeout=30) == 0
+    try:
+        for i in range(2):
+            if i:
+                ctl.request("GET", "/warm-start", poll_headers(controller_id="ctl_up"))
+            srv.wait_parked(1)
+            msg = make_message(run_id=f"run_after_upgrade_{i}")
+            assert srv.dispatch(msg) is True
+            assert read_payload(ctl) == msg
+        m = srv.metrics()
+        got = methods(m)
+        assert got["ack_event"] >= 1 and got["poll_fallback"] == 0, m.text
+        assert got["ack_event"] + got["next_request"] == 2, m.text
+        assert m.get("pilotlight_confirm_total", outcome="acked") == 2, m.text
+        before = cpu_ticks(new)
+        time.sleep(0.5)
+        assert cpu_ticks(new) - before <= 10, "the new process spins while idle"
+    finally:
+        ctl.close()
+        stop_adopted(srv, new)
