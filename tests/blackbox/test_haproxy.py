@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from conftest import (HOST, Conn, make_message, poll_headers,
-                      read_payload, request, scrape, assert_ledger)
+                      read_payload, request, run_binary, scrape, assert_ledger)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HAPROXY_CFG = REPO_ROOT / "deploy" / "haproxy" / "haproxy.cfg"
@@ -335,6 +335,26 @@ def test_config_is_valid():
     r = subprocess.run([HAPROXY, "-c", "-f", str(HAPROXY_CFG)], env=env,
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_dispatch_timeout_outlasts_the_longest_confirmation():
+    """HAProxy gives up on a dispatch after its server timeout and answers
+    the supervisor 504, which reads as no warm start: the run is started
+    elsewhere. Under delivery = confirm, pilotlight may hold a dispatch's
+    answer for confirm_timeout_ms and a tenth more (the last poll's grace,
+    at least 10 ms), and may still deliver the run then. The shipped proxy
+    must wait longer than that, or one run could start twice."""
+    rc, out, err = run_binary("--check-config")
+    assert rc == 0, err
+    conf = dict(ln.split(" = ", 1) for ln in out.splitlines() if " = " in ln)
+    assert conf["delivery"] == "confirm"
+    confirm_ms = int(conf["confirm_timeout_ms"])
+    longest_ms = confirm_ms + max(confirm_ms // 10, 10)
+    m = re.search(r"^\s*http-request set-timeout server (\d+)(ms|s)\b.*\{ method GET \}",
+                  HAPROXY_CFG.read_text(), re.M)
+    assert m, "no server timeout for dispatches in haproxy.cfg"
+    proxy_ms = int(m.group(1)) * (1000 if m.group(2) == "s" else 1)
+    assert proxy_ms > longest_ms, (proxy_ms, longest_ms)
 
 
 def test_fifty_keys_every_dispatch_answered_as_one_instance_would(cluster):
