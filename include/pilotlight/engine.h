@@ -39,8 +39,9 @@ typedef enum { PL_ORDER_FIFO = 0, PL_ORDER_LIFO } pl_order;
  * other value if the client is already gone (the engine then records a
  * disconnect and tries the next waiter). For REPLACED, nonzero means the
  * client had hung up already: a disconnect is recorded instead. The return
- * value is ignored for other outcomes. Except for a pending delivery, the waiter is freed when the
- * callback returns. The callback must not call back into the engine. */
+ * value is ignored for other outcomes. Except for a pending delivery, the
+ * waiter is freed when the callback returns. The callback must not call
+ * back into the engine. */
 typedef int (*pl_settle_cb)(void *owner, pl_outcome outcome, const void *arg);
 
 #define PL_SETTLE_PENDING 1
