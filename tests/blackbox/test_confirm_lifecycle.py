@@ -31,6 +31,9 @@ def pending_delivery(srv, run_id):
 
 
 def test_sigterm_waits_for_a_pending_delivery(start_server):
+    """SIGTERM while the run waits for its ACK: the drain leaves that
+    controller's connection open until the ACK comes (it reads late), and
+    the dispatcher hears true then, before the process exits."""
     srv = start_server("--delivery", "confirm", "--confirm-timeout-ms", "5000",
                        "--shutdown-timeout-ms", "8000", "--max-body-bytes", BIG_BODY_LIMIT)
     ctl, d, msg = pending_delivery(srv, "run_term")
@@ -46,6 +49,9 @@ def test_sigterm_waits_for_a_pending_delivery(start_server):
 
 
 def test_upgrade_leaves_a_pending_delivery_with_the_old_process(start_server, subreaper):
+    """SIGUSR2 while the run waits for its ACK: the connection is not
+    handed over, the old process answers true once the controller reads,
+    and only then exits."""
     srv = start_server("--delivery", "confirm", "--confirm-timeout-ms", "5000",
                        "--max-body-bytes", BIG_BODY_LIMIT, "--upgrade-binary", BIN)
     ctl, d, msg = pending_delivery(srv, "run_up")
