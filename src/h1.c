@@ -9,20 +9,25 @@
 #define MAX_HEADERS 100
 #define H_OTHER 255
 
+/* The headers kept, by the length of their names: no two have the same, so
+ * the length picks the one name to compare (a repeated length would be an
+ * overridden initializer, which the build refuses). */
+#define KNOWN(s, id) [sizeof(s) - 1] = {s, id}
 static const struct {
     const char *name;
     uint8_t id;
-} known_headers[] = {
-    {"x-trigger-workload-controller-id", PL_HDR_CONTROLLER_ID},
-    {"x-trigger-deployment-id", PL_HDR_DEPLOYMENT_ID},
-    {"x-trigger-deployment-version", PL_HDR_DEPLOYMENT_VERSION},
-    {"x-trigger-machine-cpu", PL_HDR_MACHINE_CPU},
-    {"x-trigger-machine-memory", PL_HDR_MACHINE_MEMORY},
-    {"authorization", PL_HDR_AUTHORIZATION},
-    {"host", PL_HDR_HOST},
-    {"expect", PL_HDR_EXPECT},
-    {"transfer-encoding", PL_HDR_TRANSFER_ENCODING},
+} known_headers[sizeof(((pl_h1 *)0)->hname) + 1] = {
+    KNOWN("x-trigger-workload-controller-id", PL_HDR_CONTROLLER_ID),
+    KNOWN("x-trigger-deployment-id", PL_HDR_DEPLOYMENT_ID),
+    KNOWN("x-trigger-deployment-version", PL_HDR_DEPLOYMENT_VERSION),
+    KNOWN("x-trigger-machine-cpu", PL_HDR_MACHINE_CPU),
+    KNOWN("x-trigger-machine-memory", PL_HDR_MACHINE_MEMORY),
+    KNOWN("authorization", PL_HDR_AUTHORIZATION),
+    KNOWN("host", PL_HDR_HOST),
+    KNOWN("expect", PL_HDR_EXPECT),
+    KNOWN("transfer-encoding", PL_HDR_TRANSFER_ENCODING),
 };
+#undef KNOWN
 
 static pl_h1 *parser_h1(llhttp_t *p)
 {
@@ -101,28 +106,26 @@ static int on_header_field_complete(llhttp_t *p)
         return fail(h, 400, "empty header name");
     if (++h->nheaders > MAX_HEADERS)
         return fail(h, 431, "too many request headers");
-    for (size_t i = 0; i < sizeof(known_headers) / sizeof(known_headers[0]); i++) {
-        if (strlen(known_headers[i].name) == h->hname_len &&
-            strncasecmp(known_headers[i].name, h->hname, h->hname_len) == 0) {
-            uint8_t id = known_headers[i].id;
-            if (id == PL_HDR_TRANSFER_ENCODING && (h->seen & (1u << id))) {
-                /* a list may span lines: keep one value, comma-joined (so
-                 * the lines must be adjacent among the headers we keep) */
-                if (h->hdr_off[id] + h->hdr_len[id] != h->arena.len)
-                    return fail(h, 501, "unsupported transfer coding");
-                h->cur_hdr = id;
-                h->hname_len = 0;
-                h->hdr_len[id] += 1;
-                return arena_put(h, ",", 1);
-            }
-            if (h->seen & (1u << id))
-                return fail(h, 400, "duplicate header");
-            h->seen |= 1u << id;
+    if (h->hname_len < sizeof(known_headers) / sizeof(known_headers[0]) &&
+        known_headers[h->hname_len].name != NULL &&
+        strncasecmp(known_headers[h->hname_len].name, h->hname, h->hname_len) == 0) {
+        uint8_t id = known_headers[h->hname_len].id;
+        if (id == PL_HDR_TRANSFER_ENCODING && (h->seen & (1u << id))) {
+            /* a list may span lines: keep one value, comma-joined (so
+             * the lines must be adjacent among the headers we keep) */
+            if (h->hdr_off[id] + h->hdr_len[id] != h->arena.len)
+                return fail(h, 501, "unsupported transfer coding");
             h->cur_hdr = id;
-            h->hdr_off[id] = h->arena.len;
-            h->hdr_len[id] = 0;
-            break;
+            h->hname_len = 0;
+            h->hdr_len[id] += 1;
+            return arena_put(h, ",", 1);
         }
+        if (h->seen & (1u << id))
+            return fail(h, 400, "duplicate header");
+        h->seen |= 1u << id;
+        h->cur_hdr = id;
+        h->hdr_off[id] = h->arena.len;
+        h->hdr_len[id] = 0;
     }
     h->hname_len = 0;
     return 0;
