@@ -53,11 +53,7 @@ def report(what, **figures):
 def slow_reader(port, rcvbuf=4096):
     """A connected socket with a tiny receive buffer that the test never
     reads from."""
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
-    s.settimeout(5)
-    s.connect((HOST, port))
-    return s
+    return Conn(port, timeout=5, rcvbuf=rcvbuf).sock
 
 
 def big_message(run_id):
