@@ -37,6 +37,14 @@ int main(int argc, char **argv)
     pl_config_action action;
     char err[512];
 
+#ifdef PL_NEEDS_SSE42
+    /* Refused here, before any request, instead of SIGILL on the first. */
+    if (!__builtin_cpu_supports("sse4.2")) {
+        fprintf(stderr, "pilotlight: this build needs a CPU with SSE4.2 "
+                        "(build with meson -Dsse42=disabled for this one)\n");
+        return 1;
+    }
+#endif
     if (pl_config_load(&cfg, argc, argv, environ, &action, err, sizeof(err)) != 0) {
         fprintf(stderr, "pilotlight: %s\n", err);
         return 2;
