@@ -49,6 +49,9 @@ typedef struct slot {
 
 static slot *table[BUCKETS];
 static int ep;
+/* Connections dropped during one epoll batch: freed after it, as a later
+ * event of the same batch may still name one. */
+static conn *dead;
 
 static uint32_t hash(const char *s, size_t n)
 {
@@ -95,8 +98,9 @@ static void drop(conn *c)
 {
     unpark(c);
     close(c->fd);
-    free(c->out);
-    free(c);
+    c->fd = -1;
+    c->qnext = dead;
+    dead = c;
 }
 
 /* Writes head + body; keeps what the socket does not take. -1: failed. */
@@ -299,6 +303,8 @@ int main(int argc, char **argv)
         int n = epoll_wait(ep, evs, 256, -1);
         for (int i = 0; i < n; i++) {
             conn *c = evs[i].data.ptr;
+            if (c != NULL && c->fd < 0)
+                continue; /* dropped earlier in this batch */
             if (c == NULL) {
                 int fd;
                 while ((fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK)) >= 0) {
@@ -322,6 +328,12 @@ int main(int argc, char **argv)
             if (r == 0 || (r < 0 && errno != EAGAIN) || (r > 0 && (c->in_len += (size_t)r,
                                                                   on_input(c) != 0)))
                 drop(c);
+        }
+        while (dead != NULL) {
+            conn *c = dead;
+            dead = c->qnext;
+            free(c->out);
+            free(c);
         }
     }
 }

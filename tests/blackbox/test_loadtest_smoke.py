@@ -5,23 +5,34 @@ loadtest/bench, a separate command."""
 
 import json
 import os
+import signal
+import socket
 import subprocess
+import time
+from pathlib import Path
 
 import pytest
 
-from conftest import REPO_ROOT
+from conftest import BIN, EXAMPLE, REPO_ROOT, Conn, dispatch_raw, park, read_payload, reset_close
+from test_endpoints import wait_stopped
+from test_haproxy import free_port
 
 LOADGEN = os.environ.get("PL_LOADGEN_BIN",
                          str(REPO_ROOT / "build" / "loadtest" / "pl-loadgen"))
 
 
-def loadgen(server, *args, timeout=60, json_only=True):
-    """Runs pl-loadgen against <server>; returns (json records, stdout)."""
+def loadgen(server, *args, **kw):
+    """Runs pl-loadgen against pilotlight <server>, reading its CPU and
+    metrics; returns (json records, stdout)."""
+    return run_loadgen(server.port, "--server-pid", str(server.proc.pid),
+                       "--label", "pilotlight", "--metrics", *args, **kw)
+
+
+def run_loadgen(port, *args, timeout=60, json_only=True):
     if not os.access(LOADGEN, os.X_OK):
         pytest.fail(f"pl-loadgen not found at {LOADGEN} (set PL_LOADGEN_BIN)")
-    cmd = [LOADGEN, "--target", f"127.0.0.1:{server.port}",
-           "--server-pid", str(server.proc.pid), "--label", "pilotlight",
-           "--metrics"] + (["--json"] if json_only else []) + list(args)
+    cmd = [LOADGEN, "--target", f"127.0.0.1:{port}"] + \
+        (["--json"] if json_only else []) + list(args)
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                        stdin=subprocess.DEVNULL)
     assert p.returncode == 0, f"{cmd} exited {p.returncode}:\n{p.stdout}\n{p.stderr}"
@@ -208,3 +219,71 @@ def test_bench_modes_swaps_delivery_between_two_servers(start_server, tmp_path):
     pairs = [(recs[0]["ratio"] * recs[1]["ratio"]) ** 0.5, (recs[2]["ratio"] * recs[3]["ratio"]) ** 0.5]
     assert float(cells[5]) == pytest.approx((pairs[0] * pairs[1]) ** 0.5, abs=1e-3), row
     assert cells[8].startswith("0 / ") and cells[8] != "0 / 0", row
+
+
+@pytest.fixture
+def floor():
+    """pl-floor, built beside the pilotlight under test (so the ASan pass runs
+    the ASan one), on a free port; fails the test if it died."""
+    path = Path(os.environ.get("PL_VALGRIND_BIN", BIN)).resolve().parent / "loadtest" / "pl-floor"
+    if not os.access(path, os.X_OK):
+        pytest.fail(f"pl-floor not found at {path}")
+    port = free_port()
+    proc = subprocess.Popen([str(path), "--port", str(port)], stdin=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.5).close()
+            break
+        except OSError:
+            assert proc.poll() is None and time.monotonic() < deadline, "pl-floor did not start"
+            time.sleep(0.02)
+    yield port, proc.pid
+    alive = proc.poll() is None
+    proc.kill()
+    _, err = proc.communicate()
+    assert alive, f"pl-floor died: {err.decode(errors='replace')[-3000:]}"
+
+
+def compact_dispatch():
+    """A dispatch as pl-loadgen writes it: the floor finds the key's fields
+    by plain search, in compact JSON only."""
+    return json.dumps({"dequeuedMessage": EXAMPLE}, separators=(",", ":"))
+
+
+def test_floor_hands_over_and_outlives_reset_controllers(floor):
+    """The bench's floor does the cycle's socket work: a dispatch reaches a
+    parked poll. A dispatch read in the same epoll batch as the resets of
+    the controllers parked for it, and before them, fails to write to each
+    and drops it; the batch then reaches their own events (the floor frees a
+    dropped connection only after its batch: the ASan pass catches the use
+    after free this was). The floor is stopped while both arrive, so that
+    one batch holds them in that order."""
+    port, pid = floor
+    live = park(port, wait=False)
+    time.sleep(0.05)
+    r = dispatch_raw(port, compact_dispatch())
+    assert (r.status, r.json()) == (200, {"didWarmStart": True})
+    assert read_payload(live) == EXAMPLE
+    d = Conn(port)
+    for _ in range(5):
+        dead = [park(port, wait=False) for _ in range(3)]
+        time.sleep(0.05)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            wait_stopped(pid)
+            d.request("POST", "/warm-start", {"Content-Type": "application/json"},
+                      compact_dispatch())
+            time.sleep(0.02)
+            for c in dead:
+                reset_close(c.sock)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        r = d.read_response()
+        assert (r.status, r.json()) == (200, {"didWarmStart": False})
+    recs, _ = run_loadgen(port, "--controllers", "40", "--dispatchers", "4", "--keys", "8",
+                          "--duration", "1", "--warmup", "0.2", "cycle")
+    (r,) = recs
+    no_errors(r)
+    assert r["hits"] > 0 and r["lost"] == 0
