@@ -288,6 +288,18 @@ static double wall_seconds(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
+/* What the connection of a parked waiter gets, whether the poll parked
+ * here or was adopted from an older process (whose setting of the socket
+ * this connection does not know). */
+static void hold_waiter(pl_broker *b, pl_conn *c, pl_waiter *w)
+{
+    pl_conn_set_data(c, w, DATA_WAITER);
+    if (pl_conn_watch_acks(c, b->cfg->delivery == PL_DELIVERY_CONFIRM) != 0)
+        b->metrics.ack_events_refused++;
+    if (!uv_is_active((uv_handle_t *)&b->timer))
+        timer_arm(b);
+}
+
 static void handle_park(pl_broker *b, pl_conn *c, const pl_request *req)
 {
     pl_token_claims claims;
@@ -319,15 +331,11 @@ static void handle_park(pl_broker *b, pl_conn *c, const pl_request *req)
     } else if (rc == PL_EINVAL) {
         reply_error(c, 400, "x-trigger-deployment-id or -version is empty or too long");
     } else if (rc == 0) {
-        pl_conn_set_data(c, w, DATA_WAITER);
-        if (pl_conn_watch_acks(c, b->cfg->delivery == PL_DELIVERY_CONFIRM) != 0)
-            b->metrics.ack_events_refused++;
+        hold_waiter(b, c, w);
         pl_conn_detect_dead_peer(c, (unsigned)b->cfg->tcp_keepalive_idle_s,
                                  (unsigned)b->cfg->tcp_keepalive_interval_s,
                                  (unsigned)b->cfg->tcp_keepalive_count,
                                  (unsigned)b->cfg->tcp_user_timeout_ms);
-        if (!uv_is_active((uv_handle_t *)&b->timer))
-            timer_arm(b);
     }
 }
 
@@ -915,14 +923,8 @@ int pl_broker_adopt(pl_broker *b, pl_conn *c, const pl_key *key, const char *id,
 
     if (rc != 0)
         return rc;
-    pl_conn_set_data(c, w, DATA_WAITER);
     pl_conn_set_tag(c, PL_ROUTE_PARK);
-    /* As a poll parked here would: the older process's setting of the
-     * socket is unknown to this one's connection. */
-    if (pl_conn_watch_acks(c, b->cfg->delivery == PL_DELIVERY_CONFIRM) != 0)
-        b->metrics.ack_events_refused++;
-    if (!uv_is_active((uv_handle_t *)&b->timer))
-        timer_arm(b);
+    hold_waiter(b, c, w);
     return 0;
 }
 

@@ -836,9 +836,7 @@ int pl_conn_peer_gone(const pl_conn *c)
     ssize_t n;
     char b;
 
-    if (c->closing || c->peer_eof)
-        return 1;
-    if (uv_fileno((const uv_handle_t *)&c->tcp, &fd) != 0)
+    if (c->closing || c->peer_eof || uv_fileno((const uv_handle_t *)&c->tcp, &fd) != 0)
         return 1;
     n = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
     return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);

@@ -604,6 +604,9 @@ class Server:
         return wait_metrics(self.port, pred, timeout, what)
 
 
+PR_SET_CHILD_SUBREAPER = 36
+
+
 @pytest.fixture
 def subreaper():
     """This process adopts orphaned descendants: a binary upgrade's new
@@ -612,9 +615,6 @@ def subreaper():
     assert libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
     yield
     libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
-
-
-PR_SET_CHILD_SUBREAPER = 36
 
 
 @pytest.fixture
