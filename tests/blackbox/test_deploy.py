@@ -268,7 +268,8 @@ def test_dockerfile_matches_the_binary():
 def test_dockerignore_keeps_what_meson_needs():
     ignored = [ln.strip() for ln in (REPO_ROOT / ".dockerignore").read_text().splitlines()
                if ln.strip() and not ln.startswith("#")]
-    for needed in ("meson.build", "meson_options.txt", "src", "include", "tests", "loadtest"):
+    for needed in ("meson.build", "meson_options.txt", "src", "include", "tests", "loadtest",
+                   "deploy"):
         assert needed not in ignored
     assert ".git" in ignored and "**/node_modules" in ignored
 
