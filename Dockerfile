@@ -25,8 +25,8 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
-# deploy/build.sh: the README's release build, profile-guided (it trains on
-# 127.0.0.1 inside this stage for about 10 s).
+# deploy/build.sh: the README's release build, LTO and profile-guided (it
+# trains on 127.0.0.1 inside this stage for about 10 s).
 RUN deploy/build.sh /build \
  && strip /build/pilotlight
 # The runtime tree: the binary, each library ldd resolves (by its real file,

@@ -67,7 +67,7 @@ else
 fi
 
 # The black-box suite runs against what the README's first command builds:
-# deploy/build.sh, release and profile-guided; the build must have trained
+# deploy/build.sh, release, LTO and profile-guided; the build must have trained
 # and used its profile.
 if deploy/build.sh build-release >"$out/release.log" 2>&1 &&
         ls build-release/pilotlight.p/*.gcda >/dev/null 2>&1 &&
