@@ -13,9 +13,10 @@
 # train: run that pilotlight on a free 127.0.0.1 port under pl-loadgen's
 # match cycles, `delivery = confirm` (the default) and then `written`, with
 # Trigger.dev's payload shape (loadtest/lg_body.c), about 10 s; rebuild
-# everything with the profile (b_pgo=use). At 5 k cycles/s the binary spends
-# about 8 % less CPU per cycle than a plain release build: 4.5 % from the
-# profile, 3 % more from LTO on top of it (LTO alone: none; docs/benchmarks.md).
+# everything with the profile (b_pgo=use). With two servers at 2.5 k cycles/s
+# each on one CPU (loadtest/ab), the binary spends 7-8 % less CPU per cycle
+# than a plain release build: 4.5 % from the profile, 2.6-3.3 % more from LTO
+# on top of it (LTO alone: none; docs/benchmarks.md).
 # The profile stays in BUILDDIR (*.gcda); running this again trains afresh.
 set -euo pipefail
 
