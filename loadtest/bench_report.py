@@ -318,8 +318,12 @@ def targets_floor(g, out):
         r = g.get(("cycle", st, sys))
         return Runs(r).median("server_cpu_us_per_cycle") if r else None
 
-    def at(st):
-        return "in the closed loop" if st == "closed" else f"at {st[4:]} cycles/s offered"
+    def at(st, each=""):
+        if st == "closed":
+            return "in the closed loop"
+        rate, _, hold = st[4:].partition("-hold")
+        return f"at {rate} cycles/s offered{each}" + \
+            (f", controllers running {hold} ms before they poll again" if hold else "")
 
     rows = []
     settings = settings_of(g, "cycle", "closed") + settings_of(g, "cycle", "rate")
@@ -336,7 +340,7 @@ def targets_floor(g, out):
     for st, rs in by_setting.items():
         met = sum(1 for x in rs if x <= 1.05)
         rows.append(f"| `confirm` ≤ 1.05 × `written` in the same seconds (modes), "
-                    f"{at(st)}{'' if st == 'closed' else ' each'}, per round | "
+                    f"{at(st, ' each')}, per round | "
                     f"{', '.join(f'{x:.3f}' for x in rs)} | "
                     f"{verdict(met == len(rs))} ({met} of {len(rs)}) |")
     for st in settings:

@@ -29,6 +29,7 @@ typedef struct {
   int dispatchers;
   double rate;          /* dispatches/s; 0 = closed loop */
   int spin;             /* rate pacing by busy polling (1) or a 1 ms timer (0) */
+  double hold_ms;       /* cycle: a controller's pause after a payload (its run) */
   int keys;
   long parked;          /* idle */
   long idle_warmup;     /* idle: polls parked and dropped before the baseline */

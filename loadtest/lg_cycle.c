@@ -28,6 +28,7 @@ static cyc_cfg_t cfg;
 static lg_conn_t *ctl, *disp;
 static lg_conn_t *free_disp;
 static lg_conn_t *retry_list;
+static lg_conn_t *held, *held_tail; /* --hold: controllers in their run, oldest first */
 static uint64_t *sent_at;
 static uint64_t next_seq, measure_seq;
 static int running, measuring, dispatching;
@@ -36,7 +37,7 @@ static long connecting, to_connect_next;
 static uint64_t rate_start, rate_issued;
 static cyc_res_t R;
 static lg_samples_t disp_lat, deliv_lat;
-static uv_timer_t retry_timer, pace_timer;
+static uv_timer_t retry_timer, pace_timer, hold_timer;
 
 static unsigned long long rng_state = 88172645463325252ULL;
 static uint64_t rnd(void)
@@ -98,8 +99,37 @@ static void ctl_resp(lg_conn_t *c, int status, const char *body, size_t len)
     retry_list = c;
     return;
   }
-  if (running)
-    send_poll(c);
+  if (!running)
+    return;
+  if (opts->hold_ms > 0 && status != 204 && status != 304 && status != 408) {
+    /* Its run: one pause of the same length for all, so the list stays
+     * in the order the pauses end. */
+    c->t0 = lg_now() + (uint64_t)(opts->hold_ms * 1e6);
+    c->next = NULL;
+    if (held_tail != NULL)
+      held_tail->next = c;
+    else
+      held = c;
+    held_tail = c;
+    return;
+  }
+  send_poll(c);
+}
+
+/* Every millisecond: the controllers whose run is over poll again. */
+static void hold_cb(uv_timer_t *t)
+{
+  uint64_t now = lg_now();
+  (void)t;
+  while (held != NULL && held->t0 <= now) {
+    lg_conn_t *c = held;
+    held = c->next;
+    if (held == NULL)
+      held_tail = NULL;
+    c->t0 = 0;
+    if (running)
+      send_poll(c);
+  }
 }
 
 static void connect_more(void);
@@ -109,7 +139,8 @@ static void ctl_connected(lg_conn_t *c, int err)
   connecting--;
   if (err == 0) {
     ctl_ready++;
-    send_poll(c);
+    if (c->t0 == 0) /* else it is in its run, and hold_cb sends the poll */
+      send_poll(c);
   }
   connect_more();
 }
@@ -271,6 +302,9 @@ static void teardown(void)
   lg_run_until(&lg_conn_open, 0, 10);
   uv_timer_stop(&retry_timer);
   uv_close((uv_handle_t *)&retry_timer, NULL);
+  uv_timer_stop(&hold_timer);
+  uv_close((uv_handle_t *)&hold_timer, NULL);
+  held = held_tail = NULL;
   uv_run(lg_loop, UV_RUN_NOWAIT);
   for (long i = 0; i < cfg.controllers; i++)
     lg_conn_release(&ctl[i]);
@@ -319,6 +353,9 @@ static void run_cycle(const lg_opts_t *o, const cyc_cfg_t *c, cyc_res_t *res)
   lg_samples_reset(&deliv_lat);
   uv_timer_init(lg_loop, &retry_timer);
   uv_timer_start(&retry_timer, retry_cb, 100, 100);
+  uv_timer_init(lg_loop, &hold_timer);
+  if (o->hold_ms > 0)
+    uv_timer_start(&hold_timer, hold_cb, 1, 1);
   polls_sent = ctl_ready = disp_ready = connecting = to_connect_next = 0;
   free_disp = retry_list = NULL;
   measure_seq = UINT64_MAX;
@@ -403,6 +440,8 @@ static void print_cycle(const lg_opts_t *o, const cyc_cfg_t *c, const cyc_res_t 
          c->keys, c->rate > 0 ? "fixed rate" : "closed loop");
   if (c->rate > 0)
     lg_row(o, "offered rate", "%.0f/s", c->rate);
+  if (o->hold_ms > 0)
+    lg_row(o, "controller's run", "%.1f ms after each payload", o->hold_ms);
   lg_row(o, "dispatches", "%ld in %.2f s = %.0f/s", r->dispatches, r->secs, r->disp_per_s);
   lg_row(o, "hit ratio", "%.4f (%ld hits, %ld misses)", r->hit_ratio, r->hits, r->misses);
   lg_row(o, "delivered", "%ld = %.0f/s (lost: %ld)", r->deliveries, r->deliv_per_s, r->lost);
@@ -420,13 +459,14 @@ static void json_cycle(char *buf, size_t cap, const cyc_cfg_t *c, const cyc_res_
 {
   size_t n = strlen(buf);
   snprintf(buf + n, cap - n,
-           ",\"controllers\":%d,\"dispatchers\":%d,\"keys\":%d,\"rate\":%.0f,\"secs\":%.3f,"
+           ",\"controllers\":%d,\"dispatchers\":%d,\"keys\":%d,\"rate\":%.0f,\"hold_ms\":%.1f,"
+           "\"secs\":%.3f,"
            "\"dispatches\":%ld,\"dispatch_per_s\":%.1f,\"hits\":%ld,\"misses\":%ld,"
            "\"hit_ratio\":%.5f,\"delivered\":%ld,\"delivered_per_s\":%.1f,\"lost\":%ld,"
            "\"errors\":{\"dispatch\":%ld,\"controller\":%ld,\"connection\":%ld},"
            "\"reconnects\":%ld,\"server_cpu_us_per_cycle\":%.3f,\"server_cpu_pct\":%.1f,"
            "\"generator_cpu_pct\":%.1f,\"server_rss_kb\":%ld",
-           c->controllers, c->dispatchers, c->keys, c->rate, r->secs, r->dispatches,
+           c->controllers, c->dispatchers, c->keys, c->rate, opts->hold_ms, r->secs, r->dispatches,
            r->disp_per_s, r->hits, r->misses, r->hit_ratio, r->deliveries, r->deliv_per_s,
            r->lost, r->disp_errors, r->ctl_errors, r->conn_errors, r->reconnects,
            r->srv_cpu_us_per_cycle, r->srv_cpu_pct, r->gen_cpu_pct, r->rss_kb);

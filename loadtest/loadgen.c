@@ -182,6 +182,8 @@ static void usage(FILE *f)
           "  --rate R                  cycle: offered dispatches/s (0 = closed loop);\n"
           "                            churn: offered cycles/s (0 = as fast as it goes)\n"
           "  --pace spin|timer         rate pacing (spin: busy-poll for us precision)\n"
+          "  --hold MS                 cycle: a controller polls again MS after a payload,\n"
+          "                            as one running its task would (0: at once)\n"
           "  --keys N                  distinct keys (deployments x presets) (30)\n"
           "  --parked N                idle: parked polls (10000)\n"
           "  --idle-warmup N           idle: polls parked and closed before the baseline (1000)\n"
@@ -213,7 +215,7 @@ static int parse_target(const char *s, lg_opts_t *o)
 static int parse_args(int argc, char **argv, lg_opts_t *o, char **scenarios)
 {
   enum { O_TARGET = 1000, O_PROTO, O_PID, O_LABEL, O_METRICS, O_DUR, O_WARM, O_CTL, O_DISP,
-         O_RATE, O_PACE, O_KEYS, O_PARKED, O_CYCLES, O_CWARM, O_CONC, O_SSMALL, O_SLARGE,
+         O_RATE, O_PACE, O_HOLD, O_KEYS, O_PARKED, O_CYCLES, O_CWARM, O_CONC, O_SSMALL, O_SLARGE,
          O_SRATE, O_SMISS, O_SRC, O_PROBE, O_ABORT, O_IWARM, O_JSON, O_HELP };
   static const struct option lo[] = {
       {"target", 1, 0, O_TARGET},       {"proto", 1, 0, O_PROTO},
@@ -222,6 +224,7 @@ static int parse_args(int argc, char **argv, lg_opts_t *o, char **scenarios)
       {"warmup", 1, 0, O_WARM},         {"controllers", 1, 0, O_CTL},
       {"dispatchers", 1, 0, O_DISP},    {"rate", 1, 0, O_RATE},
       {"pace", 1, 0, O_PACE},           {"keys", 1, 0, O_KEYS},
+      {"hold", 1, 0, O_HOLD},
       {"parked", 1, 0, O_PARKED},       {"cycles", 1, 0, O_CYCLES},
       {"churn-warmup", 1, 0, O_CWARM},  {"concurrency", 1, 0, O_CONC},
       {"scale-small", 1, 0, O_SSMALL},  {"scale-large", 1, 0, O_SLARGE},
@@ -248,6 +251,7 @@ static int parse_args(int argc, char **argv, lg_opts_t *o, char **scenarios)
     case O_DISP: o->dispatchers = atoi(optarg); break;
     case O_RATE: o->rate = atof(optarg); break;
     case O_PACE: o->spin = strcmp(optarg, "timer") != 0; break;
+    case O_HOLD: o->hold_ms = atof(optarg); break;
     case O_KEYS: o->keys = atoi(optarg); break;
     case O_PARKED: o->parked = atol(optarg); break;
     case O_CYCLES: o->cycles = atol(optarg); break;

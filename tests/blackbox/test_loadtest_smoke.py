@@ -81,6 +81,30 @@ def test_cycle_fixed_rate_table(server):
     assert r["rate"] == 400 and r["dispatches"] > 0 and r["lost"] == 0
 
 
+@pytest.mark.parametrize("hold_ms", [0, 60])
+def test_cycle_hold_confirms_by_report_or_next_poll(start_server, hold_ms):
+    """--hold: a controller that runs its task before polling again (longer
+    than Linux's 40 ms delayed ACK, so its kernel ACKs at once) has its ACK
+    reported on its own, the way production controllers are confirmed. One
+    that polls again at once may have it carried by that poll. Either way
+    every run is confirmed, none by polling the kernel."""
+    srv = start_server("--delivery", "confirm")
+    recs, out = loadgen(srv, "--controllers", "40", "--dispatchers", "4", "--keys", "4",
+                        "--rate", "200", "--pace", "timer", "--hold", str(hold_ms),
+                        "--duration", "1.5", "--warmup", "0.2", "cycle", json_only=False)
+    (r,) = recs
+    no_errors(r)
+    assert r["hold_ms"] == hold_ms and r["lost"] == 0 and r["hits"] > 100
+    assert ("controller's run" in out) == (hold_ms > 0)
+    m = srv.metrics()
+    got = {k: m.get("pilotlight_confirm_method_total", method=k)
+           for k in ("ack_event", "next_request", "poll_fallback")}
+    assert got["ack_event"] + got["next_request"] >= r["hits"], got
+    assert got["poll_fallback"] == 0, got
+    if hold_ms:
+        assert got["ack_event"] >= 0.75 * sum(got.values()), got
+
+
 def test_idle(server):
     recs, _ = loadgen(server, "--parked", "300", "--keys", "7", "idle")
     (r,) = recs
