@@ -612,8 +612,6 @@ static void confirm_start(pl_broker *b, pl_conn *dispatcher, const pl_message *m
     confirm_attach(b, rec, now);
     pl_conn_set_data(dispatcher, rec, DATA_DISPATCH);
     pl_conn_hold_on_eof(dispatcher); /* it may half-close as it waits */
-    if (!rec->polling)
-        pl_conn_take_ack_now(rec->controller); /* may settle and free rec */
 }
 
 static void handle_dispatch(pl_broker *b, pl_conn *c, const pl_request *req)

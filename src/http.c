@@ -118,8 +118,6 @@ struct pl_http {
     uint64_t peak; /* most connections since memory was last trimmed */
     uint64_t low;  /* connections at that trim (0 before any) */
     uint64_t last_accept_error;
-    unsigned ack_misses;       /* pl_conn_take_ack_now() found none, in a row */
-    unsigned ack_skip;         /* deliveries it lets pass before looking again */
     uint64_t refused[PL_HTTP_REFUSED__COUNT];
     int spare_fd;            /* given up to shed connections at EMFILE */
     uv_timer_t accept_timer; /* resumes accepting after ACCEPT_PAUSE_MS */
@@ -891,32 +889,6 @@ int pl_conn_expect_ack(pl_conn *c)
 void pl_conn_report_acks(pl_conn *c)
 {
     c->acks_ride = 0;
-}
-
-/* Three misses in a row say the peers' ACKs come over a network, or
- * that they are too busy to ACK inside our write: the server then looks
- * once in ACK_SKIP + 1 deliveries, until it finds one again. Judged for
- * all connections at once, as a peer's next request may well come on a new
- * connection. */
-#define ACK_MISSES_MAX 3
-#define ACK_SKIP 15
-
-void pl_conn_take_ack_now(pl_conn *c)
-{
-    pl_http *h = conn_http(c);
-
-    if (c->acks != ACKS_ON || !c->ack_waiting)
-        return;
-    if (h->ack_skip > 0) {
-        h->ack_skip--;
-        return;
-    }
-    if (conn_take_ack_report(c, 0) == 0 && !c->ack_waiting) {
-        h->ack_misses = 0;
-    } else if (++h->ack_misses == ACK_MISSES_MAX) {
-        h->ack_misses = ACK_MISSES_MAX - 1; /* one more miss skips again */
-        h->ack_skip = ACK_SKIP;
-    }
 }
 
 void pl_conn_detect_dead_peer(pl_conn *c, unsigned idle_s, unsigned interval_s,

@@ -158,14 +158,6 @@ int pl_conn_expect_ack(pl_conn *c);
  * ACK reports again. */
 void pl_conn_report_acks(pl_conn *c);
 
-/* After PL_CONN_ACK_REPORT: fires on_acked(<c>) at once if the report is
- * queued already. A peer on this host (loopback, a container beside us) is
- * ACKed inside our own write, and taking its report now saves the turn of
- * the loop EPOLLERR would cost (with libuv's read() and EPOLL_CTL_MOD).
- * Over a network the report is not there yet: after a few misses in a row
- * the server looks only now and then, and waits for EPOLLERR. */
-void pl_conn_take_ack_now(pl_conn *c);
-
 /* Turns on TCP keepalive and TCP_USER_TIMEOUT for <c> (once per connection;
  * later calls do nothing), so a peer that vanished without FIN or RST is
  * found while <c> waits. Zero values leave the system's defaults. */
