@@ -26,11 +26,11 @@ shift || true
 opts=("$@")
 
 configure() { # b_pgo value
+    local args=(-Dbuildtype=release -Db_lto=true -Db_pgo="$1" "${opts[@]}")
     if [ -f "$DIR/build.ninja" ]; then
-        meson configure "$DIR" -Dbuildtype=release -Db_lto=true -Db_pgo="$1" "${opts[@]}" >/dev/null
+        meson configure "$DIR" "${args[@]}" >/dev/null
     else
-        meson setup "$DIR" "$ROOT" --buildtype=release -Db_lto=true -Db_pgo="$1" "${opts[@]}" \
-            >/dev/null
+        meson setup "$DIR" "$ROOT" "${args[@]}" >/dev/null
     fi
 }
 

@@ -28,16 +28,27 @@ import urllib.request
 MODES = ("written", "confirm")
 
 
-def cpu_seconds(pid):
+def per_task(pid, name, value):
+    """Sum over <pid>'s threads of value(text of /proc/<pid>/task/*/<name>)."""
     tasks = f"/proc/{pid}/task"
     total = 0
     for t in os.listdir(tasks):
         try:
-            with open(f"{tasks}/{t}/schedstat") as f:
-                total += int(f.read().split()[0])
+            with open(f"{tasks}/{t}/{name}") as f:
+                total += value(f.read())
         except FileNotFoundError:  # a thread that just ended
             pass
-    return total / 1e9
+    return total
+
+
+def cpu_seconds(pid):
+    return per_task(pid, "schedstat", lambda text: int(text.split()[0])) / 1e9
+
+
+def sleeps(pid):
+    """Times <pid> went to sleep so far: its threads' voluntary switches."""
+    return per_task(pid, "status", lambda text: int(
+        re.search(r"^voluntary_ctxt_switches:\s*(\d+)", text, re.M).group(1)))
 
 
 def cpu_ticks(cpu):

@@ -78,7 +78,8 @@ static void retry_cb(uv_timer_t *t)
 static void ctl_resp(lg_conn_t *c, int status, const char *body, size_t len)
 {
   uint64_t seq;
-  if (status == 200 || (opts->proto == LG_PROTO_NCHAN && status == 201)) {
+  int payload = status == 200 || (opts->proto == LG_PROTO_NCHAN && status == 201);
+  if (payload) {
     if (lg_find_run(body, len, &seq) == 0) {
       /* Payloads of dispatches sent in the window count, even when they
        * arrive during the short drain after it. */
@@ -101,7 +102,7 @@ static void ctl_resp(lg_conn_t *c, int status, const char *body, size_t len)
   }
   if (!running)
     return;
-  if (opts->hold_ms > 0 && status != 204 && status != 304 && status != 408) {
+  if (opts->hold_ms > 0 && payload) {
     /* Its run: one pause of the same length for all, so the list stays
      * in the order the pauses end. */
     c->t0 = lg_now() + (uint64_t)(opts->hold_ms * 1e6);
