@@ -481,6 +481,14 @@ def read_payload(conn, timeout=IO_TIMEOUT):
 # The server process
 # --------------------------------------------------------------------------
 
+def free_port():
+    """A port on HOST that nothing listens on now, for a program that takes
+    its port on the command line (the server binds 127.0.0.1:0 itself)."""
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
 def clean_env(extra=None):
     env = {k: v for k, v in os.environ.items() if not k.startswith("PILOTLIGHT_")}
     env.update(extra or {})

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (HOST, Conn, make_message, poll_headers,
+from conftest import (HOST, Conn, free_port, make_message, poll_headers,
                       read_payload, request, run_binary, scrape, assert_ledger)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -59,14 +59,6 @@ WAIT = 10.0     # bound on every wait below (generous: the suite also runs under
 # --------------------------------------------------------------------------
 # HAProxy in front of the instances
 # --------------------------------------------------------------------------
-
-def free_port():
-    s = socket.socket()
-    s.bind((HOST, 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
 
 class Proxy:
     """haproxy -db with the repository's config; servers, ports and sockets

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BIN, EXAMPLE, REPO_ROOT, Conn, dispatch_raw, park, read_payload, reset_close
+from conftest import (BIN, EXAMPLE, REPO_ROOT, Conn, dispatch_raw, free_port, park,
+                      read_payload, reset_close)
 from test_endpoints import wait_stopped
-from test_haproxy import free_port
 
 LOADGEN = os.environ.get("PL_LOADGEN_BIN",
                          str(REPO_ROOT / "build" / "loadtest" / "pl-loadgen"))

@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import threading
@@ -20,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import HOST, REPO_ROOT, get
+from conftest import HOST, REPO_ROOT, free_port, get
 from test_loadtest_smoke import loadgen
 
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
@@ -132,12 +131,6 @@ def test_dashboard_is_importable():
     for p in dash["panels"]:
         g = p["gridPos"]
         assert g["x"] + g["w"] <= 24 and g["h"] > 0, p["title"]
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
 
 
 class Prometheus:
