@@ -100,8 +100,9 @@ void pl_conn_close(pl_conn *c);
 void pl_conn_abort(pl_conn *c);
 
 /* Whether the client's TCP stack has acknowledged every byte written to <c>:
- * returns 1 when it has, 0 when bytes are still unsent or unacknowledged on
- * a live connection, -1 when the connection has failed or is closing. */
+ * returns 1 when it has, 0 when bytes are still unsent or unacknowledged
+ * (a connection reset meanwhile included: its close reports that), -1 when
+ * the kernel cannot be asked. */
 int pl_conn_acknowledged(const pl_conn *c);
 
 /* In on_close: 1 when <c>'s peer reset it after every byte written to it
