@@ -32,7 +32,7 @@ typedef enum {
  * delivered without an ACK seen (reset_after_write). */
 typedef enum {
     PL_CONFIRM_BY_ACK_EVENT = 0, /* the kernel's ACK report */
-    PL_CONFIRM_BY_POLL,          /* asking TCP_INFO / SIOCOUTQ */
+    PL_CONFIRM_BY_POLL,          /* asking SIOCOUTQ */
     PL_CONFIRM_BY_NEXT_REQUEST,  /* the controller spoke again */
     PL_CONFIRM_BY_RESET,         /* it reset after the payload was all sent */
     PL_CONFIRM_BY__COUNT
