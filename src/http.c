@@ -649,17 +649,23 @@ static int conn_take_ack_report(pl_conn *c, int with_request)
     return 0;
 }
 
-/* Whether every byte written to <c> has been sent at least once: none in
- * libuv's queue, none in the kernel's unsent (a reset leaves the kernel's
- * sequence numbers as they were). */
-static int conn_all_sent(const pl_conn *c)
+/* Whether bytes written to <c> are left: in libuv's queue, or in the
+ * socket by the kernel's count <req> (SIOCOUTQ: not yet acknowledged;
+ * SIOCOUTQNSD: not yet sent). Both are the kernel's sequence numbers, in
+ * every state: a reset leaves them as they were. 1 when some are, 0 when
+ * none, -1 when the kernel cannot be asked. */
+static int conn_bytes_left(const pl_conn *c, unsigned long req)
 {
     uv_os_fd_t fd;
-    int unsent = 0;
+    int n = 0;
 
-    return uv_stream_get_write_queue_size((const uv_stream_t *)&c->tcp) == 0 &&
-           uv_fileno((const uv_handle_t *)&c->tcp, &fd) == 0 &&
-           ioctl(fd, SIOCOUTQNSD, &unsent) == 0 && unsent == 0;
+    if (uv_fileno((const uv_handle_t *)&c->tcp, &fd) != 0)
+        return -1;
+    if (uv_stream_get_write_queue_size((const uv_stream_t *)&c->tcp) > 0)
+        return 1;
+    if (ioctl(fd, req, &n) != 0)
+        return -1;
+    return n > 0;
 }
 
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
@@ -808,27 +814,21 @@ void pl_conn_abort(pl_conn *c)
 
 int pl_conn_acknowledged(const pl_conn *c)
 {
-    uv_os_fd_t fd;
-    int outq = 0;
+    /* Not c->closing: on_close asks this while the descriptor is open. The
+     * count alone, not TCP_INFO's state as well: a reset keeps what was
+     * unacknowledged counted and reaches on_close through the read path,
+     * and a peer that acknowledged everything before it reset did take the
+     * bytes (one system call less: 3.5 % of a polled run,
+     * docs/benchmarks.md). */
+    int left = conn_bytes_left(c, SIOCOUTQ);
 
-    /* Not c->closing: on_close asks this while the descriptor is open.
-     * SIOCOUTQ is the kernel's write_seq - snd_una, whatever the state: a
-     * reset leaves what was unacknowledged counted (and is then seen by the
-     * read path, as on_close), and a peer that acknowledged everything
-     * before it reset did take the bytes. One system call, not TCP_INFO's
-     * larger one as well (about 4 % of a polled run, docs/benchmarks.md). */
-    if (uv_fileno((const uv_handle_t *)&c->tcp, &fd) != 0)
-        return -1;
-    if (uv_stream_get_write_queue_size((const uv_stream_t *)&c->tcp) > 0)
-        return 0;
-    if (ioctl(fd, SIOCOUTQ, &outq) != 0)
-        return -1;
-    return outq == 0;
+    return left < 0 ? -1 : !left;
 }
 
 int pl_conn_reset_after_write(const pl_conn *c)
 {
-    return c->peer_reset && conn_all_sent(c); /* its descriptor is still open */
+    /* Its descriptor is still open; every byte sent at least once. */
+    return c->peer_reset && conn_bytes_left(c, SIOCOUTQNSD) == 0;
 }
 
 int pl_conn_peer_gone(const pl_conn *c)
