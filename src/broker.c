@@ -41,9 +41,13 @@ struct confirm {
     uint64_t start_ns, sent_ns, waited_ms;
     uint64_t since;        /* this attempt began (loop ms) */
     uint64_t poll_from;    /* a polled attempt's next look (loop ms) */
+    confirm *fprev, *fnext; /* in the broker's fresh list, while in it */
+    uint64_t turn;          /* the loop turn its payload was written in */
     unsigned in_grace : 1;
     unsigned polling : 1;  /* no ACK report comes: ask the kernel */
     unsigned rides : 1;    /* its next request is to bring the ACK */
+    unsigned swept : 1;    /* no report asked for: the busy loop looks itself */
+    unsigned fresh : 1;    /* in the fresh list: looked at every turn */
     pl_buf request;        /* the dispatch request's bytes, or none */
     pl_message msg;        /* views into request or data[] */
     char data[];
@@ -67,6 +71,20 @@ static size_t confirm_size(const confirm *rec)
  * prompt one costs no syscall at all, a stalled crowd few. */
 #define CONFIRM_RIDE_MS 10
 
+/* A busy broker looks for a controller's ACK itself on the loop's next
+ * turns (SIOCOUTQ) instead of asking the kernel for a report: a report
+ * wakes the loop on its own, which costs more than the look in a turn that
+ * comes anyway (docs/benchmarks.md). Busy: dispatches closer together than
+ * this, on average (an EWMA of their gaps, each counted at most as
+ * SWEEP_GAP_MAX_NS so that one quiet spell is forgotten as quickly). */
+#define SWEEP_GAP_NS 500000
+#define SWEEP_GAP_MAX_NS 10000000
+
+/* A swept delivery no turn has confirmed this long after its write is
+ * polled as one without reports (each millisecond), and the timer that
+ * ends the window makes sure a loop with nothing else to do looks. */
+#define SWEEP_WINDOW_MS 20
+
 /* One listener's view of the broker: the <app> of its pl_http. */
 typedef struct {
     pl_broker *b;
@@ -84,6 +102,11 @@ struct pl_broker {
     uv_timer_t confirm_timer; /* the next attempt due; 1 ms while polling */
     uint64_t confirm_due;     /* when confirm_timer fires */
     confirm *confirms;
+    confirm *fresh;           /* swept records in their window, oldest first */
+    uv_check_t sweep;         /* looks at them after each turn's I/O */
+    uv_timer_t sweep_timer;   /* ends the oldest one's window */
+    uint64_t turns;           /* loop turns swept, to skip a record's own */
+    uint64_t dispatch_ns, dispatch_gap_ns; /* the last dispatch; the gaps' EWMA */
     uint64_t ack_srtt_ns, ack_rttvar_ns; /* ACK times seen, as TCP's RTO */
     pl_conn *taken_conn;      /* set by on_settle for a pending delivery */
     pl_waiter *taken_waiter;
@@ -108,6 +131,11 @@ static void reply_json(pl_conn *c, int status, const char *body)
     pl_conn_respond(c, status, json_type, NULL, body, strlen(body));
 }
 
+static int confirm_sweeps(const pl_broker *b)
+{
+    return b->dispatch_gap_ns < SWEEP_GAP_NS;
+}
+
 /* The engine's settle callback: the one place a parked poll is answered. */
 static int on_settle(void *owner, pl_outcome outcome, const void *arg)
 {
@@ -122,6 +150,8 @@ static int on_settle(void *owner, pl_outcome outcome, const void *arg)
     pl_conn_set_data(c, NULL, 0);
     switch (outcome) {
     case PL_OUTCOME_MATCHED:
+        if (b->cfg->delivery == PL_DELIVERY_CONFIRM && confirm_sweeps(b))
+            pl_conn_skip_ack_report(c);
         if (pl_conn_respond(c, 200, json_type, NULL, m->payload, m->payload_len) != 0)
             return -1;
         if (b->cfg->delivery != PL_DELIVERY_CONFIRM)
@@ -235,6 +265,11 @@ pl_broker *pl_broker_new(uv_loop_t *loop, const pl_config *cfg)
     uv_timer_init(loop, &b->timer);
     uv_timer_init(loop, &b->confirm_timer);
     b->confirm_timer.data = b;
+    uv_check_init(loop, &b->sweep);
+    b->sweep.data = b;
+    uv_timer_init(loop, &b->sweep_timer);
+    b->sweep_timer.data = b;
+    b->dispatch_gap_ns = SWEEP_GAP_MAX_NS;
     b->lag = pl_lag_start(loop, &b->metrics.loop_lag, LAG_PERIOD_MS);
     return b;
 }
@@ -415,6 +450,75 @@ static uint64_t confirm_next(const confirm *rec, uint64_t now)
     return at < rec->due ? at : rec->due;
 }
 
+static void confirm_acked(pl_broker *b, confirm *rec, pl_confirm_method how);
+static void sweep_cb(uv_check_t *check);
+static void sweep_timer_cb(uv_timer_t *t);
+
+/* <rec>, written in this turn, is looked at from the next one on. The
+ * window timer is started once and left to run out, not moved for every
+ * delivery: it is there for a loop with nothing else to wake it. */
+static void fresh_join(pl_broker *b, confirm *rec)
+{
+    rec->turn = b->turns;
+    rec->fresh = 1;
+    DL_APPEND2(b->fresh, rec, fprev, fnext);
+    if (rec == b->fresh)
+        uv_check_start(&b->sweep, sweep_cb);
+    if (!uv_is_active((uv_handle_t *)&b->sweep_timer))
+        uv_timer_start(&b->sweep_timer, sweep_timer_cb, SWEEP_WINDOW_MS, 0);
+}
+
+static void fresh_leave(pl_broker *b, confirm *rec)
+{
+    if (!rec->fresh)
+        return;
+    rec->fresh = 0;
+    DL_DELETE2(b->fresh, rec, fprev, fnext);
+    if (b->fresh == NULL)
+        uv_check_stop(&b->sweep);
+}
+
+/* Looks at the fresh records written before this turn: an acknowledged
+ * one is confirmed, one past its window is polled from now on. */
+static void sweep(pl_broker *b)
+{
+    uint64_t now = uv_now(b->loop);
+    confirm *rec, *after;
+
+    for (rec = b->fresh; rec != NULL && rec->turn != b->turns; rec = after) {
+        int state = pl_conn_acknowledged(rec->controller);
+        after = rec->fnext;
+        if (state == 1) {
+            confirm_acked(b, rec, PL_CONFIRM_BY_NEXT_TURN);
+        } else if (state < 0 || now - rec->since >= SWEEP_WINDOW_MS) {
+            fresh_leave(b, rec);
+            rec->polling = 1;
+            rec->poll_from = now + (state < 0 ? 0 : 1);
+            confirm_arm(b, confirm_next(rec, now));
+        }
+    }
+}
+
+static void sweep_cb(uv_check_t *check)
+{
+    pl_broker *b = check->data;
+
+    sweep(b);
+    b->turns++;
+}
+
+static void sweep_timer_cb(uv_timer_t *t)
+{
+    pl_broker *b = t->data;
+    uint64_t now = uv_now(b->loop), due;
+
+    sweep(b);
+    if (b->fresh != NULL) {
+        due = b->fresh->since + SWEEP_WINDOW_MS;
+        uv_timer_start(t, sweep_timer_cb, due > now ? due - now : 1, 0);
+    }
+}
+
 /* Takes the pending delivery on_settle just left into <rec>: a new attempt,
  * watched by the controller's ACK report where it gives one, else by its
  * next request or by polling. */
@@ -422,6 +526,7 @@ static void confirm_attach(pl_broker *b, confirm *rec, uint64_t now)
 {
     int how;
 
+    fresh_leave(b, rec);
     rec->w = b->taken_waiter;
     rec->controller = b->taken_conn;
     pl_conn_set_data(rec->controller, rec, DATA_CONFIRM);
@@ -430,9 +535,12 @@ static void confirm_attach(pl_broker *b, confirm *rec, uint64_t now)
         b->metrics.ack_events_refused++; /* set on the socket, refused per write */
     if (how == PL_CONN_ACK_REPORT)
         rec->sent_ns = uv_hrtime();
-    rec->polling = how != PL_CONN_ACK_REPORT;
+    rec->swept = how == PL_CONN_ACK_POLL && confirm_sweeps(b);
+    rec->polling = how != PL_CONN_ACK_REPORT && !rec->swept;
     rec->rides = how == PL_CONN_ACK_NEXT_REQUEST;
     rec->since = now;
+    if (rec->swept)
+        fresh_join(b, rec);
     rec->poll_from = now + (rec->rides ? CONFIRM_RIDE_MS : 1);
     rec->due = rec->in_grace ? rec->deadline : attempt_due(b, rec, now);
     confirm_arm(b, confirm_next(rec, now));
@@ -442,6 +550,7 @@ static void confirm_finish(pl_broker *b, confirm *rec, int delivered)
 {
     size_t size;
 
+    fresh_leave(b, rec);
     if (rec->w != NULL) {
         pl_conn_release(rec->controller);
         pl_engine_confirm(b->engine, rec->w, delivered);
@@ -528,7 +637,7 @@ static void confirm_check(pl_broker *b, confirm *rec, uint64_t now, int closing)
     if (state == 1) {
         if (rec->rides && !closing)
             pl_conn_report_acks(rec->controller); /* it stopped re-polling at once */
-        confirm_acked(b, rec, PL_CONFIRM_BY_POLL);
+        confirm_acked(b, rec, rec->swept ? PL_CONFIRM_BY_NEXT_TURN : PL_CONFIRM_BY_POLL);
         return;
     }
     /* Only a polled controller gets here with its attempt not yet judged. */
@@ -616,11 +725,14 @@ static void confirm_start(pl_broker *b, pl_conn *dispatcher, const pl_message *m
 
 static void handle_dispatch(pl_broker *b, pl_conn *c, const pl_request *req)
 {
-    uint64_t start = uv_hrtime(), now, waited_ms = 0;
+    uint64_t start = uv_hrtime(), now, waited_ms = 0, gap;
     const char *err = NULL;
     pl_message m;
     int rc;
 
+    gap = start - b->dispatch_ns;
+    b->dispatch_ns = start;
+    b->dispatch_gap_ns = (7 * b->dispatch_gap_ns + (gap < SWEEP_GAP_MAX_NS ? gap : SWEEP_GAP_MAX_NS)) / 8;
     rc = pl_message_parse(req->body, req->body_len, &m, &err);
     if (rc == PL_MESSAGE_EINVAL) {
         b->metrics.dispatch[PL_DISPATCH_INVALID]++;
@@ -961,6 +1073,8 @@ void pl_broker_stop(pl_broker *b)
 {
     uv_close((uv_handle_t *)&b->timer, NULL);
     uv_close((uv_handle_t *)&b->confirm_timer, NULL);
+    uv_close((uv_handle_t *)&b->sweep, NULL);
+    uv_close((uv_handle_t *)&b->sweep_timer, NULL);
     pl_lag_stop(b->lag);
 }
 

@@ -78,6 +78,7 @@ struct pl_conn {
      * would: its writes ask for none, saving a recvmsg() and libuv's
      * EPOLL_CTL_MOD per delivery. */
     unsigned acks_ride : 1;
+    unsigned acks_skip : 1;    /* its next write asks for none (pl_conn_skip_ack_report) */
     unsigned reported : 1;     /* the last byte written asked for a report */
     unsigned eof_holds : 1;    /* a half-close leaves the pending request be */
     unsigned peer_eof : 1;     /* the peer half-closed: answer, then close */
@@ -292,8 +293,9 @@ static int conn_write(pl_conn *c, const uv_buf_t *bufs, unsigned n)
         total += bufs[i].len;
     c->out_bytes += (uint32_t)total;
     /* Queued bytes go first, and the rest after them, unreported. */
-    c->reported = c->acks == ACKS_ON && !c->acks_ride && n <= 2 &&
+    c->reported = c->acks == ACKS_ON && !c->acks_ride && !c->acks_skip && n <= 2 &&
                   uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) == 0;
+    c->acks_skip = 0;
     if (c->reported)
         r = conn_try_write_reported(c, bufs, n);
     else
@@ -890,6 +892,11 @@ int pl_conn_expect_ack(pl_conn *c)
 void pl_conn_report_acks(pl_conn *c)
 {
     c->acks_ride = 0;
+}
+
+void pl_conn_skip_ack_report(pl_conn *c)
+{
+    c->acks_skip = 1;
 }
 
 void pl_conn_detect_dead_peer(pl_conn *c, unsigned idle_s, unsigned interval_s,

@@ -20,7 +20,7 @@ static const double ack_bounds[] = {
 };
 
 static const char *const confirm_method_names[PL_CONFIRM_BY__COUNT] = {
-    "ack_event", "poll_fallback", "next_request", "reset_after_write",
+    "ack_event", "poll_fallback", "next_request", "reset_after_write", "next_turn",
 };
 static const char *const confirm_names[PL_CONFIRM__COUNT] = {
     "acked", "reset", "timeout", "redelivered",

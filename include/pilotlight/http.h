@@ -159,6 +159,12 @@ int pl_conn_expect_ack(pl_conn *c);
  * ACK reports again. */
 void pl_conn_report_acks(pl_conn *c);
 
+/* <c>'s next write asks for no ACK report: the application will look for
+ * the ACK itself (pl_conn_acknowledged). A report wakes the loop; a loop
+ * woken often anyway looks for less. pl_conn_expect_ack() then answers
+ * PL_CONN_ACK_POLL (or NEXT_REQUEST, as ever for a riding connection). */
+void pl_conn_skip_ack_report(pl_conn *c);
+
 /* Turns on TCP keepalive and TCP_USER_TIMEOUT for <c> (once per connection;
  * later calls do nothing), so a peer that vanished without FIN or RST is
  * found while <c> waits. Zero values leave the system's defaults. */

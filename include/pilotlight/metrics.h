@@ -35,6 +35,7 @@ typedef enum {
     PL_CONFIRM_BY_POLL,          /* asking SIOCOUTQ */
     PL_CONFIRM_BY_NEXT_REQUEST,  /* the controller spoke again */
     PL_CONFIRM_BY_RESET,         /* it reset after the payload was all sent */
+    PL_CONFIRM_BY_NEXT_TURN,     /* asking SIOCOUTQ on the loop's next turns (busy) */
     PL_CONFIRM_BY__COUNT
 } pl_confirm_method;
 

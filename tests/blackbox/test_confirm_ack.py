@@ -1,13 +1,14 @@
 """delivery = confirm learns of the controller's TCP acknowledgement from the
 kernel's ACK report (SO_TIMESTAMPING, TX_ACK) on the loopback, not by
 polling: the method counters say which path confirmed each delivery."""
+import json
 import os
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import BIN, REPO_ROOT, make_message, poll_headers, read_payload
+from conftest import BIN, REPO_ROOT, build_request, make_message, poll_headers, read_payload
 from test_faults import cpu_seconds
 
 
@@ -136,3 +137,38 @@ def test_written_after_a_reload_asks_for_no_reports(start_server, tmp_path):
     assert requests.stat().st_size == asked
     m = srv.metrics()
     assert m.settled("matched") == 4 and m.dispatched("hit") == 4, m.text
+
+
+def test_busy_broker_looks_for_the_ack_itself(start_server):
+    """A broker taking dispatches faster than one each 500 us asks no ACK
+    report: it looks (SIOCOUTQ) on the loop's next turns, and a window timer
+    looks for a loop that has no next turn. Here 40 misses and then a hit
+    arrive in one segment, so nothing else wakes the loop after the hit: the
+    silent controller is confirmed by that look, next_turn, and its kernel
+    was asked for no report."""
+    srv = start_server("--delivery", "confirm")
+    ctl = srv.park(controller_id="ctl_swept")
+    miss = make_message(deployment="deployment_nobody_waits", run_id="run_miss")
+    hit = make_message(run_id="run_swept")
+    d = srv.conn()
+    body = lambda m: json.dumps({"dequeuedMessage": m})
+    d.send(b"".join(build_request("POST", "/warm-start", {"Content-Type": "application/json"},
+                                  body(m)) for m in [miss] * 40 + [hit]))
+    for _ in range(40):
+        r = d.read_response()
+        assert r.status == 200 and r.json() == {"didWarmStart": False}, r
+    assert read_payload(ctl) == hit
+    r = d.read_response()
+    assert r.status == 200 and r.json() == {"didWarmStart": True}, r
+    m = srv.metrics()
+    assert m.get("pilotlight_confirm_method_total", method="next_turn") == 1, m.text
+    assert methods(m) == {"ack_event": 0, "poll_fallback": 0, "next_request": 0}, m.text
+    assert m.get("pilotlight_confirm_total", outcome="acked") == 1, m.text
+    # one quiet spell and the broker asks for reports again
+    ctl2 = srv.park(controller_id="ctl_quiet")
+    time.sleep(0.05)
+    assert srv.dispatch(miss) is False
+    msg = make_message(run_id="run_quiet")
+    assert srv.dispatch(msg) is True
+    assert read_payload(ctl2) == msg
+    assert methods(srv.metrics())["ack_event"] == 1

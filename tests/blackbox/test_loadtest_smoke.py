@@ -311,3 +311,24 @@ def test_floor_hands_over_and_outlives_reset_controllers(floor):
     (r,) = recs
     no_errors(r)
     assert r["hits"] > 0 and r["lost"] == 0
+
+
+def test_busy_confirm_looks_on_next_turns(start_server):
+    """At 3,000 cycles/s a confirm broker looks for each ACK itself on its
+    next turns instead of asking for reports (each would wake the loop once
+    more): most confirmations are next_turn, none is lost, and none is
+    poll_fallback (that is for sockets whose reports were refused)."""
+    srv = start_server("--delivery", "confirm")
+    recs, _ = loadgen(srv, "--controllers", "200", "--dispatchers", "8", "--keys", "20",
+                      "--rate", "3000", "--pace", "timer", "--hold", "60",
+                      "--duration", "1.5", "--warmup", "0.3", "cycle")
+    (r,) = recs
+    no_errors(r)
+    assert r["lost"] == 0 and r["hits"] > 1000
+    m = srv.metrics()
+    got = {k: m.get("pilotlight_confirm_method_total", method=k)
+           for k in ("ack_event", "next_request", "poll_fallback", "next_turn")}
+    assert sum(got.values()) >= r["hits"], got
+    assert got["next_turn"] >= 0.5 * sum(got.values()), got
+    assert got["poll_fallback"] == 0, got
+    assert m.get("pilotlight_confirm_total", outcome="acked") == sum(got.values()), m.text
