@@ -46,8 +46,8 @@ struct confirm {
     unsigned in_grace : 1;
     unsigned polling : 1;  /* no ACK report comes: ask the kernel */
     unsigned rides : 1;    /* its next request is to bring the ACK */
-    unsigned swept : 1;    /* no report asked for: the busy loop looks itself */
-    unsigned fresh : 1;    /* in the fresh list: looked at every turn */
+    unsigned swept : 1;    /* no report asked for: the busy loop looks itself,
+                              in the fresh list until it is polled */
     pl_buf request;        /* the dispatch request's bytes, or none */
     pl_message msg;        /* views into request or data[] */
     char data[];
@@ -460,7 +460,6 @@ static void sweep_timer_cb(uv_timer_t *t);
 static void fresh_join(pl_broker *b, confirm *rec)
 {
     rec->turn = b->turns;
-    rec->fresh = 1;
     DL_APPEND2(b->fresh, rec, fprev, fnext);
     if (rec == b->fresh)
         uv_check_start(&b->sweep, sweep_cb);
@@ -470,9 +469,8 @@ static void fresh_join(pl_broker *b, confirm *rec)
 
 static void fresh_leave(pl_broker *b, confirm *rec)
 {
-    if (!rec->fresh)
+    if (!rec->swept || rec->polling)
         return;
-    rec->fresh = 0;
     DL_DELETE2(b->fresh, rec, fprev, fnext);
     if (b->fresh == NULL)
         uv_check_stop(&b->sweep);
@@ -732,7 +730,8 @@ static void handle_dispatch(pl_broker *b, pl_conn *c, const pl_request *req)
 
     gap = start - b->dispatch_ns;
     b->dispatch_ns = start;
-    b->dispatch_gap_ns = (7 * b->dispatch_gap_ns + (gap < SWEEP_GAP_MAX_NS ? gap : SWEEP_GAP_MAX_NS)) / 8;
+    gap = gap < SWEEP_GAP_MAX_NS ? gap : SWEEP_GAP_MAX_NS;
+    b->dispatch_gap_ns = (7 * b->dispatch_gap_ns + gap) / 8;
     rc = pl_message_parse(req->body, req->body_len, &m, &err);
     if (rc == PL_MESSAGE_EINVAL) {
         b->metrics.dispatch[PL_DISPATCH_INVALID]++;

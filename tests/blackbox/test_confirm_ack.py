@@ -144,8 +144,8 @@ def test_busy_broker_looks_for_the_ack_itself(start_server):
     report: it looks (SIOCOUTQ) on the loop's next turns, and a window timer
     looks for a loop that has no next turn. Here 40 misses and then a hit
     arrive in one segment, so nothing else wakes the loop after the hit: the
-    silent controller is confirmed by that look, next_turn, and its kernel
-    was asked for no report."""
+    silent controller is confirmed by that look, next_turn, not by a
+    report."""
     srv = start_server("--delivery", "confirm")
     ctl = srv.park(controller_id="ctl_swept")
     miss = make_message(deployment="deployment_nobody_waits", run_id="run_miss")
