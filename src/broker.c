@@ -136,6 +136,16 @@ static int confirm_sweeps(const pl_broker *b)
     return b->dispatch_gap_ns < SWEEP_GAP_NS;
 }
 
+/* Only confirm asks whether the broker is busy, so only it keeps count. */
+static void note_dispatch_gap(pl_broker *b, uint64_t start)
+{
+    uint64_t gap = start - b->dispatch_ns;
+
+    b->dispatch_ns = start;
+    gap = gap < SWEEP_GAP_MAX_NS ? gap : SWEEP_GAP_MAX_NS;
+    b->dispatch_gap_ns = (7 * b->dispatch_gap_ns + gap) / 8;
+}
+
 /* The engine's settle callback: the one place a parked poll is answered. */
 static int on_settle(void *owner, pl_outcome outcome, const void *arg)
 {
@@ -723,15 +733,13 @@ static void confirm_start(pl_broker *b, pl_conn *dispatcher, const pl_message *m
 
 static void handle_dispatch(pl_broker *b, pl_conn *c, const pl_request *req)
 {
-    uint64_t start = uv_hrtime(), now, waited_ms = 0, gap;
+    uint64_t start = uv_hrtime(), now, waited_ms = 0;
     const char *err = NULL;
     pl_message m;
     int rc;
 
-    gap = start - b->dispatch_ns;
-    b->dispatch_ns = start;
-    gap = gap < SWEEP_GAP_MAX_NS ? gap : SWEEP_GAP_MAX_NS;
-    b->dispatch_gap_ns = (7 * b->dispatch_gap_ns + gap) / 8;
+    if (b->cfg->delivery == PL_DELIVERY_CONFIRM)
+        note_dispatch_gap(b, start);
     rc = pl_message_parse(req->body, req->body_len, &m, &err);
     if (rc == PL_MESSAGE_EINVAL) {
         b->metrics.dispatch[PL_DISPATCH_INVALID]++;
