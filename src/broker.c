@@ -9,6 +9,7 @@
 #include <utlist.h>
 
 #include "pilotlight/broker.h"
+#include "pilotlight/confirm.h"
 #include "pilotlight/lag.h"
 #include "pilotlight/log.h"
 #include "pilotlight/mem.h"
@@ -22,69 +23,6 @@
 
 static const char json_type[] = "application/json";
 
-/* What a connection's data pointer holds (pl_conn_set_data kinds). */
-enum { DATA_WAITER = 1, DATA_CONFIRM, DATA_DISPATCH };
-
-/* A dispatch whose payload was written to a controller and waits for that
- * controller's TCP acknowledgement (delivery = confirm). It owns the key and
- * payload, so it can offer them to the next poll: the payload in the
- * dispatch request's own bytes, taken over (a copy only where they cannot
- * be), the key strings copied. */
-typedef struct confirm confirm;
-struct confirm {
-    confirm *prev, *next;
-    pl_waiter *w;          /* the engine's waiter, pending confirmation */
-    pl_conn *controller;   /* holds DATA_CONFIRM -> this */
-    pl_conn *dispatcher;   /* holds DATA_DISPATCH -> this; NULL once gone */
-    uint64_t deadline;     /* of the whole confirmation (loop ms) */
-    uint64_t due;          /* of this attempt (loop ms) */
-    uint64_t start_ns, sent_ns, waited_ms;
-    uint64_t since;        /* this attempt began (loop ms) */
-    uint64_t poll_from;    /* a polled attempt's next look (loop ms) */
-    confirm *fprev, *fnext; /* in the broker's fresh list, while in it */
-    uint64_t turn;          /* the loop turn its payload was written in */
-    unsigned in_grace : 1;
-    unsigned polling : 1;  /* no ACK report comes: ask the kernel */
-    unsigned rides : 1;    /* its next request is to bring the ACK */
-    unsigned swept : 1;    /* no report asked for: the busy loop looks itself,
-                              in the fresh list until it is polled */
-    pl_buf request;        /* the dispatch request's bytes, or none */
-    pl_message msg;        /* views into request or data[] */
-    char data[];
-};
-
-/* A record's bytes: the payload follows it unless the request's bytes were
- * taken, then the key strings. */
-static size_t confirm_size(const confirm *rec)
-{
-    return sizeof(*rec) + (rec->request.data != NULL ? 0 : rec->msg.payload_len) +
-           rec->msg.key.deployment_len + rec->msg.key.version_len;
-}
-
-/* An attempt lasts at least this long before the run moves on to another
- * poll: above Linux's shortest delayed ACK (40 ms), so a live controller
- * whose ACK was merely delayed is not reset. */
-#define CONFIRM_ATTEMPT_MIN_MS 50
-
-/* A controller whose ACK comes with its next request is asked for it only
- * once that request is this late, then each time its wait has doubled: a
- * prompt one costs no syscall at all, a stalled crowd few. */
-#define CONFIRM_RIDE_MS 10
-
-/* A busy broker looks for a controller's ACK itself on the loop's next
- * turns (SIOCOUTQ) instead of asking the kernel for a report: a report
- * wakes the loop on its own, which costs more than the look in a turn that
- * comes anyway (docs/benchmarks.md). Busy: dispatches closer together than
- * this, on average (an EWMA of their gaps, each counted at most as
- * SWEEP_GAP_MAX_NS so that one quiet spell is forgotten as quickly). */
-#define SWEEP_GAP_NS 500000
-#define SWEEP_GAP_MAX_NS 10000000
-
-/* A swept delivery no turn has confirmed this long after its write is
- * polled as one without reports (each millisecond), and the timer that
- * ends the window makes sure a loop with nothing else to do looks. */
-#define SWEEP_WINDOW_MS 20
-
 /* One listener's view of the broker: the <app> of its pl_http. */
 typedef struct {
     pl_broker *b;
@@ -97,19 +35,9 @@ struct pl_broker {
     const pl_http *https[2];
     side sides[2];
     pl_engine *engine;
+    pl_confirm *confirm;         /* the deliveries awaiting their ACK */
     pl_token_verifier *verifier; /* NULL when token_mode is disabled */
-    uv_timer_t timer;         /* the engine's next park timeout */
-    uv_timer_t confirm_timer; /* the next attempt due; 1 ms while polling */
-    uint64_t confirm_due;     /* when confirm_timer fires */
-    confirm *confirms;
-    confirm *fresh;           /* swept records in their window, oldest first */
-    uv_check_t sweep;         /* looks at them after each turn's I/O */
-    uv_timer_t sweep_timer;   /* ends the oldest one's window */
-    uint64_t turns;           /* loop turns swept, to skip a record's own */
-    uint64_t dispatch_ns, dispatch_gap_ns; /* the last dispatch; the gaps' EWMA */
-    uint64_t ack_srtt_ns, ack_rttvar_ns; /* ACK times seen, as TCP's RTO */
-    pl_conn *taken_conn;      /* set by on_settle for a pending delivery */
-    pl_waiter *taken_waiter;
+    uv_timer_t timer;            /* the engine's next park timeout */
     pl_metrics metrics;
     pl_lag *lag;
     int draining, closing;
@@ -131,44 +59,36 @@ static void reply_json(pl_conn *c, int status, const char *body)
     pl_conn_respond(c, status, json_type, NULL, body, strlen(body));
 }
 
-static int confirm_sweeps(const pl_broker *b)
+static pl_broker *conn_broker(const pl_conn *c)
 {
-    return b->dispatch_gap_ns < SWEEP_GAP_NS;
+    return ((side *)pl_conn_app(c))->b;
 }
 
-/* Only confirm asks whether the broker is busy, so only it keeps count. */
-static void note_dispatch_gap(pl_broker *b, uint64_t start)
+/* A parked poll's connection closing: its poll ends as a disconnect. */
+static void waiter_conn_closed(void *obj, pl_conn *c)
 {
-    uint64_t gap = start - b->dispatch_ns;
-
-    b->dispatch_ns = start;
-    gap = gap < SWEEP_GAP_MAX_NS ? gap : SWEEP_GAP_MAX_NS;
-    b->dispatch_gap_ns = (7 * b->dispatch_gap_ns + gap) / 8;
+    pl_engine_settle(conn_broker(c)->engine, obj, PL_OUTCOME_DISCONNECT);
 }
+
+static const pl_conn_owner waiter_owner = {waiter_conn_closed, NULL};
 
 /* The engine's settle callback: the one place a parked poll is answered. */
 static int on_settle(void *owner, pl_outcome outcome, const void *arg)
 {
     pl_conn *c = owner;
     const pl_message *m = arg;
-    pl_broker *b = ((side *)pl_conn_app(c))->b;
-    unsigned kind;
-    pl_waiter *w = pl_conn_data(c, &kind);
+    pl_broker *b = conn_broker(c);
 
     /* The waiter leaves the connection first, so a failing write that
      * closes it finds nothing to settle again. */
-    pl_conn_set_data(c, NULL, 0);
+    pl_conn_set_owner(c, NULL, NULL);
     switch (outcome) {
     case PL_OUTCOME_MATCHED:
-        if (b->cfg->delivery == PL_DELIVERY_CONFIRM && confirm_sweeps(b))
+        if (b->cfg->delivery == PL_DELIVERY_CONFIRM && pl_confirm_busy(b->confirm))
             pl_conn_skip_ack_report(c);
         if (pl_conn_respond(c, 200, json_type, NULL, m->payload, m->payload_len) != 0)
             return -1;
-        if (b->cfg->delivery != PL_DELIVERY_CONFIRM)
-            return 0;
-        b->taken_conn = c;
-        b->taken_waiter = w;
-        return PL_SETTLE_PENDING;
+        return b->cfg->delivery == PL_DELIVERY_CONFIRM ? PL_SETTLE_PENDING : 0;
     case PL_OUTCOME_TIMEOUT:
         pl_conn_respond(c, 204, NULL, NULL, NULL, 0);
         break;
@@ -192,6 +112,7 @@ static int on_settle(void *owner, pl_outcome outcome, const void *arg)
         pl_conn_close(c); /* our descriptor only: the new process holds another */
         break;
     case PL_OUTCOME_DISCONNECT:
+    case PL_OUTCOME_ABORTED:
     case PL_OUTCOME__COUNT:
         break;
     }
@@ -254,9 +175,19 @@ static void set_connect_body(pl_broker *b, const pl_config *cfg)
                                       (unsigned long long)cfg->keepalive_ms);
 }
 
+static pl_confirm_opts confirm_opts(const pl_config *cfg)
+{
+    pl_confirm_opts opts = {cfg->confirm_timeout_ms, cfg->confirm_wait_max_ms};
+    return opts;
+}
+
+static void answer_dispatch(void *arg, pl_conn *c, pl_dispatch_result result,
+                            uint64_t waited_ms, uint64_t start_ns);
+
 pl_broker *pl_broker_new(uv_loop_t *loop, const pl_config *cfg)
 {
     pl_engine_opts opts = engine_opts(cfg);
+    pl_confirm_opts copts = confirm_opts(cfg);
     pl_broker *b = pl_malloc(sizeof(*b));
 
     if (b == NULL)
@@ -272,14 +203,14 @@ pl_broker *pl_broker_new(uv_loop_t *loop, const pl_config *cfg)
     b->cfg = cfg;
     pl_metrics_init(&b->metrics);
     set_connect_body(b, cfg);
+    b->confirm = pl_confirm_new(loop, b->engine, &b->metrics, &copts, answer_dispatch, b);
+    if (b->confirm == NULL) {
+        pl_engine_free(b->engine);
+        pl_token_verifier_free(b->verifier);
+        pl_free(b);
+        return NULL;
+    }
     uv_timer_init(loop, &b->timer);
-    uv_timer_init(loop, &b->confirm_timer);
-    b->confirm_timer.data = b;
-    uv_check_init(loop, &b->sweep);
-    b->sweep.data = b;
-    uv_timer_init(loop, &b->sweep_timer);
-    b->sweep_timer.data = b;
-    b->dispatch_gap_ns = SWEEP_GAP_MAX_NS;
     b->lag = pl_lag_start(loop, &b->metrics.loop_lag, LAG_PERIOD_MS);
     return b;
 }
@@ -287,6 +218,7 @@ pl_broker *pl_broker_new(uv_loop_t *loop, const pl_config *cfg)
 int pl_broker_reconfigure(pl_broker *b, const pl_config *next)
 {
     pl_engine_opts opts = engine_opts(next);
+    pl_confirm_opts copts = confirm_opts(next);
     pl_token_verifier *v;
 
     if (make_verifier(next, &v) != 0) {
@@ -297,6 +229,7 @@ int pl_broker_reconfigure(pl_broker *b, const pl_config *next)
     pl_token_verifier_free(b->verifier);
     b->verifier = v;
     pl_engine_set_opts(b->engine, &opts);
+    pl_confirm_set_opts(b->confirm, &copts);
     set_connect_body(b, next);
     uv_timer_stop(&b->timer);
     timer_arm(b);
@@ -338,7 +271,7 @@ static double wall_seconds(void)
  * this connection does not know). */
 static void hold_waiter(pl_broker *b, pl_conn *c, pl_waiter *w)
 {
-    pl_conn_set_data(c, w, DATA_WAITER);
+    pl_conn_set_owner(c, w, &waiter_owner);
     if (pl_conn_watch_acks(c, b->cfg->delivery == PL_DELIVERY_CONFIRM) != 0)
         b->metrics.ack_events_refused++;
     if (!uv_is_active((uv_handle_t *)&b->timer))
@@ -386,360 +319,62 @@ static void handle_park(pl_broker *b, pl_conn *c, const pl_request *req)
 
 /* ---- POST /warm-start: dispatch ---- */
 
-static void count_dispatch(pl_broker *b, int hit, uint64_t waited_ms, uint64_t start_ns)
+static void count_dispatch(pl_broker *b, pl_dispatch_result result, uint64_t waited_ms,
+                           uint64_t start_ns)
 {
-    b->metrics.dispatch[hit ? PL_DISPATCH_HIT : PL_DISPATCH_MISS]++;
-    if (hit)
+    b->metrics.dispatch[result]++;
+    if (result == PL_DISPATCH_HIT)
         pl_metrics_observe(&b->metrics.wait_seconds, (double)waited_ms / 1e3);
     pl_metrics_observe(&b->metrics.dispatch_seconds,
                        (double)(uv_hrtime() - start_ns) / 1e9);
 }
 
-static void answer_dispatch(pl_broker *b, pl_conn *c, int hit,
+/* Answers the dispatcher <c> (NULL: it went away; counted only). */
+static void answer_dispatch(void *arg, pl_conn *c, pl_dispatch_result result,
                             uint64_t waited_ms, uint64_t start_ns)
 {
-    reply_json(c, 200, hit ? "{\"didWarmStart\":true}" : "{\"didWarmStart\":false}");
-    count_dispatch(b, hit, waited_ms, start_ns);
+    pl_broker *b = arg;
+
+    if (c != NULL)
+        reply_json(c, 200, result == PL_DISPATCH_HIT ? "{\"didWarmStart\":true}"
+                                                     : "{\"didWarmStart\":false}");
+    count_dispatch(b, result, waited_ms, start_ns);
 }
 
-static void confirm_tick(uv_timer_t *t);
+typedef struct {
+    pl_broker *b;
+    pl_conn *dispatcher;
+    int asked;
+} dispatch_vet;
 
-/* Fires confirm_timer at <due> unless it fires sooner already; it may fire
- * early (the record it was armed for settled), then re-arms. */
-static void confirm_arm(pl_broker *b, uint64_t due)
+/* Before the run goes to its first poll: a dispatcher that has gone (its
+ * FIN or reset waits in the socket) gave up, and will cold-start the run
+ * itself. Then, under confirm, the polls known to be suspect go last. */
+static int vet_poll(void *owner, void *arg)
 {
-    uint64_t now = uv_now(b->loop);
+    dispatch_vet *v = arg;
 
-    if (uv_is_active((uv_handle_t *)&b->confirm_timer) && b->confirm_due <= due)
-        return;
-    b->confirm_due = due;
-    uv_timer_start(&b->confirm_timer, confirm_tick, due > now ? due - now : 0, 0);
-}
-
-/* How long one controller gets to acknowledge before the run may move on:
- * what ACKs take here (mean + 4 deviations, as TCP's retransmit timer), but
- * at least CONFIRM_ATTEMPT_MIN_MS. */
-static uint64_t confirm_budget(const pl_broker *b)
-{
-    uint64_t ms = (b->ack_srtt_ns + 4 * b->ack_rttvar_ns) / 1000000 + 1;
-
-    return ms > CONFIRM_ATTEMPT_MIN_MS ? ms : CONFIRM_ATTEMPT_MIN_MS;
-}
-
-static void confirm_learn(pl_broker *b, uint64_t ns)
-{
-    uint64_t d;
-
-    if (b->ack_srtt_ns == 0) {
-        b->ack_srtt_ns = ns;
-        b->ack_rttvar_ns = ns / 2;
-        return;
+    if (!v->asked) {
+        v->asked = 1;
+        if (pl_conn_peer_gone(v->dispatcher))
+            return PL_VET_STOP;
     }
-    d = ns > b->ack_srtt_ns ? ns - b->ack_srtt_ns : b->ack_srtt_ns - ns;
-    b->ack_rttvar_ns = (3 * b->ack_rttvar_ns + d) / 4;
-    b->ack_srtt_ns = (7 * b->ack_srtt_ns + ns) / 8;
-}
-
-/* When an attempt starting at <now> runs out: its budget, within <rec>'s
- * deadline. */
-static uint64_t attempt_due(const pl_broker *b, const confirm *rec, uint64_t now)
-{
-    uint64_t due = now + confirm_budget(b);
-
-    return due < rec->deadline ? due : rec->deadline;
-}
-
-/* When <rec> is next to be looked at, seen at <now>: its attempt's end, or
- * the next poll. */
-static uint64_t confirm_next(const confirm *rec, uint64_t now)
-{
-    uint64_t at = rec->poll_from > now ? rec->poll_from : now + 1;
-
-    if (!rec->polling)
-        return rec->due;
-    return at < rec->due ? at : rec->due;
-}
-
-static void confirm_acked(pl_broker *b, confirm *rec, pl_confirm_method how);
-static void sweep_cb(uv_check_t *check);
-static void sweep_timer_cb(uv_timer_t *t);
-
-/* <rec>, written in this turn, is looked at from the next one on. The
- * window timer is started once and left to run out, not moved for every
- * delivery: it is there for a loop with nothing else to wake it. */
-static void fresh_join(pl_broker *b, confirm *rec)
-{
-    rec->turn = b->turns;
-    DL_APPEND2(b->fresh, rec, fprev, fnext);
-    if (rec == b->fresh)
-        uv_check_start(&b->sweep, sweep_cb);
-    if (!uv_is_active((uv_handle_t *)&b->sweep_timer))
-        uv_timer_start(&b->sweep_timer, sweep_timer_cb, SWEEP_WINDOW_MS, 0);
-}
-
-static void fresh_leave(pl_broker *b, confirm *rec)
-{
-    if (!rec->swept || rec->polling)
-        return;
-    DL_DELETE2(b->fresh, rec, fprev, fnext);
-    if (b->fresh == NULL)
-        uv_check_stop(&b->sweep);
-}
-
-/* Looks at the fresh records written before this turn: an acknowledged
- * one is confirmed, one past its window is polled from now on. */
-static void sweep(pl_broker *b)
-{
-    uint64_t now = uv_now(b->loop);
-    confirm *rec, *after;
-
-    for (rec = b->fresh; rec != NULL && rec->turn != b->turns; rec = after) {
-        int state = pl_conn_acknowledged(rec->controller);
-        after = rec->fnext;
-        if (state == 1) {
-            confirm_acked(b, rec, PL_CONFIRM_BY_NEXT_TURN);
-        } else if (state < 0 || now - rec->since >= SWEEP_WINDOW_MS) {
-            fresh_leave(b, rec);
-            rec->polling = 1;
-            rec->poll_from = now + (state < 0 ? 0 : 1);
-            confirm_arm(b, confirm_next(rec, now));
-        }
-    }
-}
-
-static void sweep_cb(uv_check_t *check)
-{
-    pl_broker *b = check->data;
-
-    sweep(b);
-    b->turns++;
-}
-
-static void sweep_timer_cb(uv_timer_t *t)
-{
-    pl_broker *b = t->data;
-    uint64_t now = uv_now(b->loop), due;
-
-    sweep(b);
-    if (b->fresh != NULL) {
-        due = b->fresh->since + SWEEP_WINDOW_MS;
-        uv_timer_start(t, sweep_timer_cb, due > now ? due - now : 1, 0);
-    }
-}
-
-/* Takes the pending delivery on_settle just left into <rec>: a new attempt,
- * watched by the controller's ACK report where it gives one, else by its
- * next request or by polling. */
-static void confirm_attach(pl_broker *b, confirm *rec, uint64_t now)
-{
-    int how;
-
-    fresh_leave(b, rec);
-    rec->w = b->taken_waiter;
-    rec->controller = b->taken_conn;
-    pl_conn_set_data(rec->controller, rec, DATA_CONFIRM);
-    how = pl_conn_expect_ack(rec->controller);
-    if (how == PL_CONN_ACK_REFUSED)
-        b->metrics.ack_events_refused++; /* set on the socket, refused per write */
-    if (how == PL_CONN_ACK_REPORT)
-        rec->sent_ns = uv_hrtime();
-    rec->swept = how == PL_CONN_ACK_POLL && confirm_sweeps(b);
-    rec->polling = how != PL_CONN_ACK_REPORT && !rec->swept;
-    rec->rides = how == PL_CONN_ACK_NEXT_REQUEST;
-    rec->since = now;
-    if (rec->swept)
-        fresh_join(b, rec);
-    rec->poll_from = now + (rec->rides ? CONFIRM_RIDE_MS : 1);
-    rec->due = rec->in_grace ? rec->deadline : attempt_due(b, rec, now);
-    confirm_arm(b, confirm_next(rec, now));
-}
-
-static void confirm_finish(pl_broker *b, confirm *rec, int delivered)
-{
-    size_t size;
-
-    fresh_leave(b, rec);
-    if (rec->w != NULL) {
-        pl_conn_release(rec->controller);
-        pl_engine_confirm(b->engine, rec->w, delivered);
-    }
-    if (delivered)
-        b->metrics.confirm[PL_CONFIRM_ACKED]++;
-    if (rec->dispatcher != NULL) {
-        pl_conn_set_data(rec->dispatcher, NULL, 0);
-        answer_dispatch(b, rec->dispatcher, delivered, rec->waited_ms, rec->start_ns);
-    } else {
-        count_dispatch(b, delivered, rec->waited_ms, rec->start_ns);
-    }
-    /* With nothing left to watch the timer stops: left armed, it would cut
-     * the loop's sleeps short as it counts down, and on a VM a sleep of a
-     * millisecond or two costs more CPU than a wake-up (docs/benchmarks.md). */
-    DL_DELETE(b->confirms, rec);
-    if (b->confirms == NULL)
-        uv_timer_stop(&b->confirm_timer);
-    size = confirm_size(rec); /* before the request it counts is freed */
-    pl_buf_free(&rec->request);
-    pl_pool_free(rec, size);
-}
-
-static void confirm_acked(pl_broker *b, confirm *rec, pl_confirm_method how)
-{
-    b->metrics.confirm_method[how]++;
-    confirm_finish(b, rec, 1);
-}
-
-/* <rec>'s controller failed (<why> reset) or did not acknowledge in its
- * time (timeout): it is reset, counted a disconnect, and the run goes to
- * the key's next poll. Past the deadline one more poll gets a short grace;
- * with none left, false. */
-static void confirm_fail(pl_broker *b, confirm *rec, uint64_t now, pl_confirm_outcome why)
-{
-    uint64_t grace = b->cfg->confirm_timeout_ms / 10 > 10 ? b->cfg->confirm_timeout_ms / 10 : 10;
-
-    PL_LOG(PL_LOG_DEBUG, "delivery not confirmed", "\"failed\":%d", why == PL_CONFIRM_RESET);
-    b->metrics.confirm[why]++;
-    pl_conn_set_data(rec->controller, NULL, 0);
-    pl_conn_abort(rec->controller); /* nothing stale may arrive later */
-    pl_engine_confirm(b->engine, rec->w, 0);
-    rec->w = NULL;
-    if (now >= rec->deadline) {
-        if (rec->in_grace) {
-            confirm_finish(b, rec, 0);
-            return;
-        }
-        rec->in_grace = 1;
-        rec->deadline = now + grace;
-    }
-    if (pl_engine_deliver(b->engine, &rec->msg.key, &rec->msg, now, &rec->waited_ms) == 0) {
-        confirm_finish(b, rec, 0);
-    } else {
-        b->metrics.confirm[PL_CONFIRM_REDELIVERED]++;
-        confirm_attach(b, rec, now);
-    }
-}
-
-/* An attempt that ran out of time while nobody else waits for the key goes
- * on, up to the deadline: resetting it would gain nothing. Returns 1 when
- * it does. */
-static int confirm_extend(pl_broker *b, confirm *rec, uint64_t now)
-{
-    if (now >= rec->deadline || pl_engine_waiting(b->engine, &rec->msg.key) > 0)
-        return 0;
-    rec->due = attempt_due(b, rec, now);
-    return 1;
-}
-
-/* Looks at <rec> on a timer tick or as its controller closes (<closing>:
- * the socket is still open). A polled controller is asked at its
- * poll_from; any other is asked once, before its connection would be
- * reset. */
-static void confirm_check(pl_broker *b, confirm *rec, uint64_t now, int closing)
-{
-    int state;
-
-    if (!rec->polling && !closing && (now < rec->due || confirm_extend(b, rec, now)))
-        return;
-    if (rec->polling && !closing && now < rec->poll_from && now < rec->due)
-        return;
-    state = pl_conn_acknowledged(rec->controller);
-    if (state == 1) {
-        if (rec->rides && !closing)
-            pl_conn_report_acks(rec->controller); /* it stopped re-polling at once */
-        confirm_acked(b, rec, rec->swept ? PL_CONFIRM_BY_NEXT_TURN : PL_CONFIRM_BY_POLL);
-        return;
-    }
-    /* Only a polled controller gets here with its attempt not yet judged. */
-    if (state == 0 && rec->polling && !closing) {
-        rec->poll_from = now + (rec->rides ? now - rec->since : 1);
-        if (now < rec->due || confirm_extend(b, rec, now))
-            return;
-    }
-    confirm_fail(b, rec, now, state < 0 || closing ? PL_CONFIRM_RESET : PL_CONFIRM_TIMEOUT);
-}
-
-static void confirm_tick(uv_timer_t *t)
-{
-    pl_broker *b = t->data;
-    uint64_t now = uv_now(b->loop), next = UINT64_MAX;
-    confirm *rec, *after;
-
-    for (rec = b->confirms; rec != NULL; rec = after) {
-        after = rec->next;
-        confirm_check(b, rec, now, 0);
-    }
-    /* A record left can only be one still waiting (a settled one is freed,
-     * a redelivered one re-armed the timer already). */
-    for (rec = b->confirms; rec != NULL; rec = rec->next) {
-        uint64_t due = confirm_next(rec, now);
-        if (due < next)
-            next = due;
-    }
-    if (next != UINT64_MAX) {
-        uv_timer_stop(t);
-        confirm_arm(b, next);
-    }
-}
-
-/* The controller's ACK report arrived for everything written to it. */
-static void confirm_on_acked(pl_broker *b, confirm *rec)
-{
-    uint64_t ns = uv_hrtime() - rec->sent_ns;
-
-    pl_metrics_observe(&b->metrics.confirm_ack_seconds, (double)ns / 1e9);
-    confirm_learn(b, ns);
-    confirm_acked(b, rec, PL_CONFIRM_BY_ACK_EVENT);
-}
-
-/* The delivery on_settle left pending becomes a confirmation record; the
- * dispatcher's answer waits for it. */
-static void confirm_start(pl_broker *b, pl_conn *dispatcher, const pl_message *m,
-                          uint64_t now, uint64_t waited_ms, uint64_t start_ns)
-{
-    size_t dl = m->key.deployment_len, vl = m->key.version_len, pl = 0;
-    pl_buf request = {0};
-    confirm *rec;
-
-    /* The payload is a view into the request's bytes: keeping them saves a
-     * copy of it for every delivery. */
-    if (pl_conn_take_request(dispatcher, &request) != 0)
-        pl = m->payload_len;
-    rec = pl_pool_alloc(sizeof(*rec) + pl + dl + vl, NULL);
-    if (rec == NULL) {
-        /* Written but cannot be watched: answer as delivery = written. */
-        pl_buf_free(&request);
-        pl_engine_confirm(b->engine, b->taken_waiter, 1);
-        answer_dispatch(b, dispatcher, 1, waited_ms, start_ns);
-        return;
-    }
-    memset(rec, 0, sizeof(*rec));
-    rec->request = request;
-    memcpy(rec->data, m->payload, pl);
-    memcpy(rec->data + pl, m->key.deployment, dl);
-    memcpy(rec->data + pl + dl, m->key.version, vl);
-    rec->msg.key = m->key;
-    rec->msg.payload = request.data != NULL ? m->payload : rec->data;
-    rec->msg.payload_len = m->payload_len;
-    rec->msg.key.deployment = rec->data + pl;
-    rec->msg.key.version = rec->data + pl + dl;
-    rec->dispatcher = dispatcher;
-    rec->deadline = now + b->cfg->confirm_timeout_ms;
-    rec->start_ns = start_ns;
-    rec->waited_ms = waited_ms;
-    DL_PREPEND(b->confirms, rec);
-    confirm_attach(b, rec, now);
-    pl_conn_set_data(dispatcher, rec, DATA_DISPATCH);
-    pl_conn_hold_on_eof(dispatcher); /* it may half-close as it waits */
+    if (v->b->cfg->delivery == PL_DELIVERY_CONFIRM)
+        return pl_confirm_vet(v->b->confirm, owner);
+    return PL_VET_OFFER;
 }
 
 static void handle_dispatch(pl_broker *b, pl_conn *c, const pl_request *req)
 {
-    uint64_t start = uv_hrtime(), now, waited_ms = 0;
+    uint64_t start = uv_hrtime();
+    dispatch_vet vet = {b, c, 0};
+    pl_delivery d = {.vet = vet_poll, .vet_arg = &vet};
     const char *err = NULL;
     pl_message m;
     int rc;
 
     if (b->cfg->delivery == PL_DELIVERY_CONFIRM)
-        note_dispatch_gap(b, start);
+        pl_confirm_note_dispatch(b->confirm, start);
     rc = pl_message_parse(req->body, req->body_len, &m, &err);
     if (rc == PL_MESSAGE_EINVAL) {
         b->metrics.dispatch[PL_DISPATCH_INVALID]++;
@@ -750,12 +385,15 @@ static void handle_dispatch(pl_broker *b, pl_conn *c, const pl_request *req)
         reply_error(c, 503, "out of memory");
         return;
     }
-    now = uv_now(b->loop);
-    rc = pl_engine_deliver(b->engine, &m.key, &m, now, &waited_ms);
+    d.payload = &m;
+    rc = pl_engine_deliver(b->engine, &m.key, uv_now(b->loop), &d);
     if (rc == PL_DELIVERY_PENDING)
-        confirm_start(b, c, &m, now, waited_ms, start);
+        pl_confirm_start(b->confirm, c, &m, &d, start);
     else
-        answer_dispatch(b, c, rc == PL_DELIVERED, waited_ms, start);
+        answer_dispatch(b, c, rc == PL_DELIVERED ? PL_DISPATCH_HIT
+                              : rc == PL_DELIVERY_STOPPED ? PL_DISPATCH_ABANDONED
+                                                          : PL_DISPATCH_MISS,
+                        d.waited_ms, start);
     pl_message_release(&m);
 }
 
@@ -922,13 +560,7 @@ void pl_broker_on_request(void *app, pl_conn *c, const pl_request *req)
     side *sd = app;
     pl_broker *b = sd->b;
     int method = req->method == HTTP_HEAD ? HTTP_GET : req->method, known = 0;
-    unsigned kind;
-    confirm *rec = pl_conn_data(c, &kind);
 
-    /* A controller speaking again on the connection its run went out on is
-     * alive and reading: its delivery counts as confirmed. */
-    if (kind == DATA_CONFIRM)
-        confirm_acked(b, rec, PL_CONFIRM_BY_NEXT_REQUEST);
     for (size_t i = 0; i < NROUTES; i++) {
         const struct route *r = &routes[i];
         if (!path_is(req, r->path))
@@ -950,40 +582,6 @@ void pl_broker_on_request(void *app, pl_conn *c, const pl_request *req)
         reply_405(c, req);
     else
         reply_error(c, 404, "not found");
-}
-
-void pl_broker_on_close(void *app, pl_conn *c)
-{
-    pl_broker *b = ((side *)app)->b;
-    unsigned kind;
-    void *data = pl_conn_data(c, &kind);
-
-    if (kind == DATA_CONFIRM) {
-        /* Reset before its ACK was seen, with the whole payload sent: taken
-         * as delivered, as written would. Offering the run again could run
-         * it twice where the peer read it and reset (HAProxy's server side
-         * does); a reset that crossed the payload in flight needs a peer
-         * closing abortively at that instant. */
-        if (pl_conn_reset_after_write(c))
-            confirm_acked(b, data, PL_CONFIRM_BY_RESET);
-        else
-            confirm_check(b, data, uv_now(b->loop), 1); /* the socket is still open */
-        return;
-    }
-    pl_conn_set_data(c, NULL, 0);
-    if (kind == DATA_WAITER)
-        pl_engine_settle(b->engine, data, PL_OUTCOME_DISCONNECT);
-    else if (kind == DATA_DISPATCH)
-        ((confirm *)data)->dispatcher = NULL;
-}
-
-void pl_broker_on_acked(void *app, pl_conn *c)
-{
-    unsigned kind;
-    confirm *rec = pl_conn_data(c, &kind);
-
-    if (kind == DATA_CONFIRM)
-        confirm_on_acked(((side *)app)->b, rec);
 }
 
 void pl_broker_on_response(void *app, unsigned tag, int status)
@@ -1079,9 +677,7 @@ void pl_broker_close_parked(pl_broker *b)
 void pl_broker_stop(pl_broker *b)
 {
     uv_close((uv_handle_t *)&b->timer, NULL);
-    uv_close((uv_handle_t *)&b->confirm_timer, NULL);
-    uv_close((uv_handle_t *)&b->sweep, NULL);
-    uv_close((uv_handle_t *)&b->sweep_timer, NULL);
+    pl_confirm_stop(b->confirm);
     pl_lag_stop(b->lag);
 }
 
@@ -1089,6 +685,7 @@ void pl_broker_free(pl_broker *b)
 {
     if (b == NULL)
         return;
+    pl_confirm_free(b->confirm);
     pl_engine_free(b->engine);
     pl_token_verifier_free(b->verifier);
     pl_lag_free(b->lag);

@@ -68,9 +68,12 @@ static const setting settings[] = {
     CHOICE(delivery, delivery_names, "confirm",
            "when a dispatch is true: confirm (the controller's TCP stack "
            "acknowledged the payload) or written (a live socket took it)"),
-    U64(confirm_timeout_ms, 1, 60000, "200",
-        "delivery = confirm: wait this long for the acknowledgement, then reset "
-        "and offer the run to the next poll"),
+    U64(confirm_timeout_ms, 1, 60000, "2000",
+        "delivery = confirm: how long a run may be offered to one poll after "
+        "another, and wait for bytes that have not left (docs/delivery.md)"),
+    U64(confirm_wait_max_ms, 100, 60000, "3000",
+        "delivery = confirm: the most a controller that has the whole run in "
+        "flight is given to acknowledge it (docs/delivery.md)"),
     U64(tcp_keepalive_idle_s, 0, 86400, "10",
         "parked connections: idle seconds before TCP keepalive probes (0 = system)"),
     U64(tcp_keepalive_interval_s, 0, 86400, "5",

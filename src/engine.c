@@ -137,7 +137,7 @@ const char *pl_outcome_name(pl_outcome o)
 {
     static const char *const names[PL_OUTCOME__COUNT] = {
         "matched", "timeout", "disconnect", "replaced", "shutdown", "rejected",
-        "handed_over",
+        "handed_over", "aborted",
     };
     return (unsigned)o < PL_OUTCOME__COUNT ? names[o] : "unknown";
 }
@@ -249,9 +249,9 @@ static int settle(pl_engine *e, pl_waiter *w, pl_outcome outcome,
     return rc;
 }
 
-void pl_engine_confirm(pl_engine *e, pl_waiter *w, int delivered)
+void pl_engine_confirm(pl_engine *e, pl_waiter *w, pl_outcome outcome)
 {
-    retire(e, w, delivered ? PL_OUTCOME_MATCHED : PL_OUTCOME_DISCONNECT, 1);
+    retire(e, w, outcome, 1);
 }
 
 void pl_engine_settle(pl_engine *e, pl_waiter *w, pl_outcome outcome)
@@ -391,27 +391,87 @@ int pl_engine_park(pl_engine *e, const pl_key *key, const char *id,
     return 0;
 }
 
-int pl_engine_deliver(pl_engine *e, const pl_key *key, const void *payload,
-                      uint64_t now, uint64_t *waited_ms)
+/* The first waiter of <ent> in match order, and the one after <w>. */
+static pl_waiter *first_in_order(const pl_entry *ent, pl_order order)
 {
-    pl_entry *ent = find_entry(e, key);
+    return order == PL_ORDER_LIFO ? ent->head->qprev : ent->head;
+}
 
-    while (ent != NULL) {
-        pl_waiter *w = e->opts.order == PL_ORDER_LIFO ? ent->head->qprev : ent->head;
+static pl_waiter *next_in_order(const pl_entry *ent, const pl_waiter *w, pl_order order)
+{
+    if (order == PL_ORDER_FIFO)
+        return w->qnext;
+    return w == ent->head ? NULL : w->qprev;
+}
+
+/* One round of pl_engine_deliver over <*entp> (set to NULL when its last
+ * waiter left). Counts the waiters the vet passed over in *skipped. */
+static int deliver_round(pl_engine *e, pl_entry **entp, uint64_t now, pl_delivery *d,
+                         pl_engine_vet_fn vet, size_t *skipped)
+{
+    pl_order order = e->opts.order;
+    pl_waiter *w = first_in_order(*entp, order);
+
+    while (w != NULL) {
+        pl_waiter *next = next_in_order(*entp, w, order);
+        int v = vet != NULL ? vet(w->owner, d->vet_arg) : PL_VET_OFFER;
         uint64_t parked_at = w->parked_at;
+        void *owner = w->owner;
+        int last, rc;
+
+        if (v == PL_VET_STOP)
+            return PL_DELIVERY_STOPPED;
+        if (v == PL_VET_SKIP) {
+            (*skipped)++;
+            w = next;
+            continue;
+        }
         /* Settling the last waiter frees the entry: decide before. */
-        pl_entry *next = ent->count > 1 ? ent : NULL;
-
-        int rc = settle(e, w, PL_OUTCOME_MATCHED, payload, 1);
-
+        last = (*entp)->count == 1;
+        rc = settle(e, w, PL_OUTCOME_MATCHED, d->payload, 1);
         if (rc == 0 || rc == PL_SETTLE_PENDING) {
-            if (waited_ms)
-                *waited_ms = now >= parked_at ? now - parked_at : 0;
+            d->waiter = rc == PL_SETTLE_PENDING ? w : NULL;
+            d->owner = owner;
+            d->waited_ms = now >= parked_at ? now - parked_at : 0;
             return rc == 0 ? PL_DELIVERED : PL_DELIVERY_PENDING;
         }
-        ent = next;
+        if (last) {
+            *entp = NULL;
+            return 0;
+        }
+        w = next;
     }
     return 0;
+}
+
+int pl_engine_deliver(pl_engine *e, const pl_key *key, uint64_t now, pl_delivery *d)
+{
+    pl_entry *ent = find_entry(e, key);
+    size_t skipped = 0;
+    int rc;
+
+    d->waiter = NULL;
+    d->owner = NULL;
+    d->waited_ms = 0;
+    if (ent == NULL)
+        return 0;
+    rc = deliver_round(e, &ent, now, d, d->vet, &skipped);
+    /* The ones passed over stay parked, so the entry does too. */
+    if (rc == 0 && skipped > 0)
+        rc = deliver_round(e, &ent, now, d, NULL, &skipped);
+    return rc;
+}
+
+size_t pl_engine_each_in_key(const pl_engine *e, const pl_key *key, size_t max,
+                             void (*fn)(void *owner, void *arg), void *arg)
+{
+    const pl_entry *ent = find_entry(e, key);
+    size_t n = 0;
+
+    for (const pl_waiter *w = ent ? first_in_order(ent, e->opts.order) : NULL;
+         w != NULL && n < max; w = next_in_order(ent, w, e->opts.order), n++)
+        fn(w->owner, arg);
+    return n;
 }
 
 size_t pl_engine_expire(pl_engine *e, uint64_t now)

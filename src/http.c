@@ -20,6 +20,7 @@
 #include <utlist.h>
 
 #include "pilotlight/http.h"
+#include "pilotlight/invariant.h"
 #include "pilotlight/log.h"
 #include "pilotlight/mem.h"
 #include "pilotlight/pool.h"
@@ -58,13 +59,13 @@ enum { TL_NONE = 0, TL_REQUEST, TL_IDLE, TL_LINGER, TL_RESUME, TL__COUNT };
 struct pl_conn {
     uv_tcp_t tcp;
     pl_h1 *h1;                 /* the request being read; NULL between */
-    void *data;                /* the application's (a parked waiter) */
+    void *data;                /* its owner's object (a parked waiter, say) */
     pl_conn *lprev, *lnext;    /* in http->lists[list] (utlist) */
     pl_buf in;                 /* bytes received but not yet parsed */
     /* When it entered that list, in loop milliseconds modulo 2^32: list
      * timeouts are far shorter, and a parked poll is 8 bytes smaller. */
     uint32_t since;
-    unsigned list : 3, tag : 8, data_kind : 4;
+    unsigned list : 3, tag : 8, owner : 3; /* owner: its index in owners[] */
     unsigned pending : 1;      /* request handed over, not yet answered */
     unsigned in_parse : 1;     /* inside conn_execute() */
     unsigned finishing : 1;    /* last answer sent; shutting down */
@@ -73,7 +74,7 @@ struct pl_conn {
     unsigned keep_alive : 1;   /* of the request being answered */
     unsigned head : 1;         /* that request is a HEAD */
     unsigned acks : 2;         /* ACK reports: ACKS_OFF, ACKS_ON, ACKS_REFUSED[_NEW] */
-    unsigned ack_waiting : 1;  /* on_acked is due at ack_want */
+    unsigned ack_waiting : 1;  /* PL_CONN_EV_ACKED is due at ack_want */
     /* Its ACKs come with its next request, which says as much as a report
      * would: its writes ask for none, saving a recvmsg() and libuv's
      * EPOLL_CTL_MOD per delivery. */
@@ -83,9 +84,11 @@ struct pl_conn {
     unsigned eof_holds : 1;    /* a half-close leaves the pending request be */
     unsigned peer_eof : 1;     /* the peer half-closed: answer, then close */
     unsigned peer_reset : 1;   /* closing because the peer reset it */
+    unsigned held : 1;         /* its owner holds it open (pl_conn_hold) */
+    unsigned ended : 2;        /* a held connection's end: PL_CONN_END_* */
     uint32_t out_bytes;        /* bytes ever given to conn_write, mod 2^32 */
     uint32_t ack_origin;       /* out_bytes in the kernel when reports began */
-    uint32_t ack_want;         /* report offset that fires on_acked */
+    uint32_t ack_want;         /* report offset that fires PL_CONN_EV_ACKED */
 };
 
 /* ACKS_REFUSED_NEW: refused by a write, not yet told by pl_conn_expect_ack. */
@@ -135,6 +138,12 @@ static pl_http *conn_http(const pl_conn *c)
     return c->tcp.data;
 }
 
+/* The kinds of owner connections have, each with what it does when one of
+ * its connections ends: a connection keeps the index, 3 bits, not a
+ * pointer. Slot 0 is "no owner". */
+#define OWNERS_MAX 8
+static const pl_conn_owner *owners[OWNERS_MAX];
+
 static pl_pool conn_pool = PL_POOL_INIT("conn", sizeof(pl_conn));
 static pl_pool request_pool = PL_POOL_INIT("request", sizeof(pl_h1));
 
@@ -145,6 +154,8 @@ typedef struct {
 } write_req;
 
 static void conn_close(pl_conn *c);
+static void conn_event(pl_conn *c, int ev);
+static void held_end(pl_conn *c, ssize_t nread);
 static void conn_drain_idle(pl_conn *c);
 static void conn_process_buffered(pl_conn *c);
 static void timer_arm(pl_http *h, uint64_t due);
@@ -233,7 +244,9 @@ static void on_write(uv_write_t *req, int status)
     write_req *w = container_of(req, write_req, req);
 
     pl_pool_free(w, w->size);
-    if (status < 0)
+    if (status < 0 && c->held && !c->closing && !c->ended)
+        held_end(c, status == UV_EPIPE ? UV_ECONNRESET : status);
+    else if (status < 0)
         conn_close(c);
 }
 
@@ -370,6 +383,12 @@ static void on_shutdown(uv_shutdown_t *req, int status)
     pl_conn *c = container_of(req->handle, pl_conn, tcp);
 
     pl_pool_free(req, sizeof(*req));
+    if (c->held) {
+        /* its owner closes it; a failure ends it as a reset would */
+        if (status < 0 && !c->ended && !c->closing)
+            held_end(c, UV_ECONNRESET);
+        return;
+    }
     if (status < 0 || c->peer_eof)
         conn_close(c); /* a half-closed peer sends nothing to linger for */
 }
@@ -612,7 +631,7 @@ static void alloc_cb(uv_handle_t *handle, size_t suggested, uv_buf_t *buf)
     *buf = uv_buf_init(conn_http(c)->readbuf, READ_BUFFER_SIZE);
 }
 
-/* Takes one report off <c>'s error queue; fires on_acked when it says the
+/* Takes one report off <c>'s error queue; tells the owner when it says the
  * peer acknowledged up to ack_want. One per call: a queue holding more keeps
  * EPOLLERR raised and is taken on the next turns, never spinning in place.
  * <with_request>: the report came with bytes of a request. Returns -1 when
@@ -641,11 +660,9 @@ static int conn_take_ack_report(pl_conn *c, int with_request)
             continue;
         /* Offsets wrap at 2^32; a report at or past the wanted one covers it. */
         if (c->ack_waiting && (int32_t)(ee->ee_data - c->ack_want) >= 0) {
-            pl_http *h = conn_http(c);
             c->ack_waiting = 0;
             c->acks_ride = with_request != 0;
-            if (h->cb.on_acked)
-                h->cb.on_acked(h->app, c);
+            conn_event(c, PL_CONN_EV_ACKED);
         }
     }
     return 0;
@@ -670,6 +687,32 @@ static int conn_bytes_left(const pl_conn *c, unsigned long req)
     return n > 0;
 }
 
+/* The peer of held <c> ended the connection (<nread>: UV_EOF or an error):
+ * reading stops and its owner is told; the connection stays open, so the
+ * kernel can still be asked about it, until the owner closes it. */
+static void held_end(pl_conn *c, ssize_t nread)
+{
+    c->peer_eof = nread == UV_EOF;
+    c->peer_reset = nread == UV_ECONNRESET;
+    c->ended = nread == UV_EOF ? PL_CONN_END_EOF
+               : nread == UV_ECONNRESET ? PL_CONN_END_RESET : PL_CONN_END_FAILED;
+    uv_read_stop((uv_stream_t *)&c->tcp);
+    conn_event(c, PL_CONN_EV_END);
+}
+
+/* Bytes for a held <c>: kept, bounded, for when it is let go; its owner is
+ * told they came. Returns -1 when the connection was closed. */
+static int held_data(pl_conn *c, const char *data, size_t len)
+{
+    if (c->in.len + len > conn_http(c)->limits.max_header_bytes ||
+        pl_buf_append(&c->in, data, len) != 0) {
+        conn_close(c);
+        return -1;
+    }
+    conn_event(c, PL_CONN_EV_DATA);
+    return 0;
+}
+
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 {
     pl_conn *c = container_of(s, pl_conn, tcp);
@@ -683,12 +726,15 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         return;
     }
     if (nread < 0) {
-        /* A peer that acknowledged and then reset (HAProxy's side of a
-         * parked poll was seen to) can leave the report queued behind the
-         * reset: it still says every byte was taken. */
+        /* A peer that acknowledged and then reset can leave the report
+         * queued behind the reset: it still says every byte was taken. */
         for (int i = 0; i < 4 && c->acks == ACKS_ON && c->ack_waiting; i++)
             if (conn_take_ack_report(c, 0) != 0)
                 break;
+        if (c->held && !c->closing) {
+            held_end(c, nread);
+            return;
+        }
         c->peer_reset = nread == UV_ECONNRESET;
         conn_close(c); /* EOF or error: a parked poll settles as disconnect */
         return;
@@ -703,6 +749,15 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         conn_take_ack_report(c, nread > 0);
     if (nread == 0 || c->finishing || c->closing)
         return; /* lingering: drop what arrives */
+    if (c->held) {
+        if (held_data(c, buf->base, (size_t)nread) != 0 || c->held)
+            return;
+        /* let go while told (its request carried the ACK): read what it
+         * kept now rather than on the next turn */
+        list_remove(c);
+        conn_process_buffered(c);
+        return;
+    }
     if (c->pending || c->in.len > 0) {
         /* Pipelined behind an unanswered request: keep it, bounded. */
         if ((c->pending && c->in.len + (size_t)nread > conn_http(c)->limits.max_header_bytes) ||
@@ -780,14 +835,12 @@ static pl_conn *conn_from_fd(pl_http *h, int fd)
 
 static void conn_close(pl_conn *c)
 {
-    pl_http *h = conn_http(c);
-
     if (c->closing)
         return;
     c->closing = 1;
     list_remove(c);
-    if (c->data != NULL && h->cb.on_close)
-        h->cb.on_close(h->app, c);
+    if (c->owner != 0)
+        owners[c->owner]->on_close(c->data, c);
     uv_close((uv_handle_t *)&c->tcp, on_closed);
 }
 
@@ -827,10 +880,51 @@ int pl_conn_acknowledged(const pl_conn *c)
     return left < 0 ? -1 : !left;
 }
 
-int pl_conn_reset_after_write(const pl_conn *c)
+int pl_conn_tcp_info(const pl_conn *c, pl_conn_tcp *t)
 {
-    /* Its descriptor is still open; every byte sent at least once. */
-    return c->peer_reset && conn_bytes_left(c, SIOCOUTQNSD) == 0;
+    struct tcp_info ti;
+    socklen_t len = sizeof(ti);
+    uv_os_fd_t fd;
+    int outq = 0, nsd = 0;
+    uint32_t queued;
+
+    memset(t, 0, sizeof(*t));
+    if (uv_fileno((const uv_handle_t *)&c->tcp, &fd) != 0 ||
+        getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0 ||
+        ioctl(fd, SIOCOUTQ, &outq) != 0 || ioctl(fd, SIOCOUTQNSD, &nsd) != 0)
+        return -1;
+    /* The kernel's counts are sequence numbers, kept in every state: a
+     * reset leaves them as they were when it came. */
+    queued = (uint32_t)uv_stream_get_write_queue_size((const uv_stream_t *)&c->tcp);
+    t->unacked = (uint32_t)outq + queued;
+    t->unsent = (uint32_t)nsd + queued;
+    t->closed = ti.tcpi_state == TCP_CLOSE;
+    t->probes = ti.tcpi_probes;
+    t->rtt_us = ti.tcpi_rtt;
+    t->rttvar_us = ti.tcpi_rttvar;
+    /* tcpi_rto is doubled for each timeout in a row: the base is what the
+     * next segment's first retransmission waits for. */
+    t->rto_us = ti.tcpi_backoff < 31 ? ti.tcpi_rto >> ti.tcpi_backoff : ti.tcpi_rto;
+    t->since_sent_ms = ti.tcpi_last_data_sent;
+    return 0;
+}
+
+void pl_conn_probe(pl_conn *c)
+{
+    uv_os_fd_t fd;
+    int on = 1, idle = 1;
+
+    /* A keepalive time below how long it has been idle fires the probe at
+     * once; its ACK (or the lack of one) shows in tcpi_probes. */
+    if (c->closing || uv_fileno((uv_handle_t *)&c->tcp, &fd) != 0)
+        return;
+    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof(on));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+}
+
+int pl_conn_ended(const pl_conn *c)
+{
+    return c->ended;
 }
 
 int pl_conn_peer_gone(const pl_conn *c)
@@ -931,23 +1025,64 @@ void *pl_conn_app(const pl_conn *c)
     return conn_http(c)->app;
 }
 
-void pl_conn_set_data(pl_conn *c, void *data, unsigned kind)
+/* Tells <c>'s owner of <ev>. */
+static void conn_event(pl_conn *c, int ev)
 {
-    c->data = data;
-    c->data_kind = data ? kind & 0xf : 0;
+    const pl_conn_owner *o = owners[c->owner];
+
+    if (o != NULL && o->on_event != NULL)
+        o->on_event(c->data, c, ev);
+}
+
+void pl_conn_set_owner(pl_conn *c, void *obj, const pl_conn_owner *ops)
+{
+    unsigned i = 1;
+
+    if (obj == NULL || ops == NULL) {
+        c->data = NULL;
+        c->owner = 0;
+        return;
+    }
+    while (i < OWNERS_MAX && owners[i] != NULL && owners[i] != ops)
+        i++;
+    /* a handful of kinds, all known at build time */
+    PL_ASSERT(i < OWNERS_MAX);
+    owners[i] = ops;
+    c->data = obj;
+    c->owner = i & 7;
+}
+
+void *pl_conn_owner_obj(const pl_conn *c, const pl_conn_owner *ops)
+{
+    return c->owner != 0 && owners[c->owner] == ops ? c->data : NULL;
+}
+
+void pl_conn_hold(pl_conn *c)
+{
+    c->held = 1;
+    list_remove(c); /* no timeout and no parsing while held */
 }
 
 void pl_conn_release(pl_conn *c)
 {
-    pl_conn_set_data(c, NULL, 0);
-    if (conn_http(c)->draining && c->list == TL_IDLE)
-        conn_drain_idle(c);
-}
+    pl_http *h = conn_http(c);
 
-void *pl_conn_data(const pl_conn *c, unsigned *kind)
-{
-    *kind = c->data_kind;
-    return c->data;
+    pl_conn_set_owner(c, NULL, NULL);
+    if (c->closing || !c->held) {
+        if (!c->closing && h->draining && c->list == TL_IDLE)
+            conn_drain_idle(c);
+        return;
+    }
+    c->held = 0;
+    if (c->ended) {
+        conn_close(c);
+    } else if (c->in.len > 0) {
+        list_add(c, TL_RESUME); /* read on the loop's next turn, or by on_read now */
+    } else if (h->draining) {
+        conn_drain_idle(c);
+    } else {
+        list_add(c, c->finishing ? TL_LINGER : TL_IDLE);
+    }
 }
 
 size_t pl_conn_size(void)
@@ -1278,8 +1413,9 @@ void pl_http_drain(pl_http *h, void (*done)(void *arg), void *arg)
     h->drained = done;
     h->drained_arg = arg;
     close_listener(h);
-    /* One the application holds (a run awaiting its ACK) is in progress:
-     * the application ends it, then pl_conn_release() closes it. */
+    /* One with an owner is in progress (a dispatcher awaiting its answer,
+     * say): its owner ends it, then pl_conn_release() closes it. A held
+     * one (a run awaiting its ACK) is in no list at all. */
     for (c = h->lists[TL_IDLE]; c; c = next) {
         next = c->lnext;
         if (c->data == NULL)

@@ -20,10 +20,10 @@ static const double ack_bounds[] = {
 };
 
 static const char *const confirm_method_names[PL_CONFIRM_BY__COUNT] = {
-    "ack_event", "poll_fallback", "next_request", "reset_after_write", "next_turn",
+    "ack_event", "poll_fallback", "next_request", "next_turn", "late_check",
 };
 static const char *const confirm_names[PL_CONFIRM__COUNT] = {
-    "acked", "reset", "timeout", "redelivered",
+    "acked", "unsent", "closed_unread", "unacknowledged", "reset_after_send", "redelivered",
 };
 /* From well under a scheduler tick to a stall nobody should tolerate. */
 static const double lag_bounds[] = {
@@ -34,7 +34,9 @@ static const double lag_bounds[] = {
 static const char *const route_names[PL_ROUTE__COUNT] = {
     "other", "connect", "park", "dispatch", "healthz", "readyz", "metrics", "debug",
 };
-static const char *const result_names[PL_DISPATCH__COUNT] = {"hit", "miss", "invalid"};
+static const char *const result_names[PL_DISPATCH__COUNT] = {
+    "hit", "miss", "invalid", "abandoned", "unconfirmed",
+};
 static const char *const token_names[4] = {"valid", "invalid", "legacy", "absent"};
 
 void pl_metrics_init(pl_metrics *m)
@@ -242,7 +244,8 @@ size_t pl_metrics_render(const pl_metrics *m, const pl_ledger *l, size_t keys,
         emit(&o, "pilotlight_confirm_method_total{method=\"%s\"} %llu\n",
              confirm_method_names[i], (unsigned long long)m->confirm_method[i]);
     emit(&o, "# HELP pilotlight_confirm_total Delivery attempts to a controller "
-             "(delivery = confirm), by outcome; redelivered: offered to the next poll.\n"
+             "(delivery = confirm), by outcome; redelivered: offered to the next poll "
+             "(docs/delivery.md).\n"
              "# TYPE pilotlight_confirm_total counter\n");
     for (int i = 0; i < PL_CONFIRM__COUNT; i++)
         emit(&o, "pilotlight_confirm_total{outcome=\"%s\"} %llu\n", confirm_names[i],
@@ -252,6 +255,15 @@ size_t pl_metrics_render(const pl_metrics *m, const pl_ledger *l, size_t keys,
              "# TYPE pilotlight_confirm_ack_events_refused_total counter\n"
              "pilotlight_confirm_ack_events_refused_total %llu\n",
          (unsigned long long)m->ack_events_refused);
+    emit(&o, "# HELP pilotlight_confirm_probes_total Parked polls sent a keepalive probe "
+             "because a delivery to their key was late.\n"
+             "# TYPE pilotlight_confirm_probes_total counter\n"
+             "pilotlight_confirm_probes_total %llu\n"
+             "# HELP pilotlight_confirm_skipped_total Parked polls passed over for a run "
+             "because their probe went unanswered.\n"
+             "# TYPE pilotlight_confirm_skipped_total counter\n"
+             "pilotlight_confirm_skipped_total %llu\n",
+         (unsigned long long)m->confirm_probes, (unsigned long long)m->confirm_skipped);
     emit_histogram(&o, "pilotlight_confirm_ack_seconds",
                    "Time from writing a payload to its ACK report.", &m->confirm_ack_seconds);
     emit_pools(&o);

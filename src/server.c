@@ -348,9 +348,7 @@ static pl_http *new_http(server *s, unsigned serves)
     pl_http_limits limits = http_limits(s->cfg);
     pl_http_callbacks cb = {
         .on_request = pl_broker_on_request,
-        .on_close = pl_broker_on_close,
         .on_response = pl_broker_on_response,
-        .on_acked = pl_broker_on_acked,
     };
     pl_http *h = pl_http_new(&s->loop, &limits, &cb, pl_broker_side(s->broker, serves));
 

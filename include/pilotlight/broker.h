@@ -33,9 +33,7 @@ void pl_broker_attach(pl_broker *b, const pl_http *h);
 
 /* pl_http callbacks; <app> is a pl_broker_side() pointer. */
 void pl_broker_on_request(void *b, pl_conn *c, const pl_request *req);
-void pl_broker_on_close(void *b, pl_conn *c);
 void pl_broker_on_response(void *b, unsigned tag, int status);
-void pl_broker_on_acked(void *b, pl_conn *c);
 
 /* Takes up <next> (a live reload): caps, order and park timeout, token
  * mode and secrets (a new verifier, so a dropped secret's cached tokens go

@@ -27,6 +27,7 @@ typedef struct {
     int match_order;          /* pl_order */
     int delivery;             /* PL_DELIVERY_* */
     uint64_t confirm_timeout_ms;
+    uint64_t confirm_wait_max_ms;
     uint64_t tcp_keepalive_idle_s;
     uint64_t tcp_keepalive_interval_s;
     uint64_t tcp_keepalive_count;

@@ -24,6 +24,8 @@ typedef enum {
     PL_OUTCOME_SHUTDOWN,    /* server draining: closed without a response */
     PL_OUTCOME_REJECTED,    /* refused at park: over a cap (503) */
     PL_OUTCOME_HANDED_OVER, /* its connection went to a new process (upgrade) */
+    PL_OUTCOME_ABORTED,     /* matched, but the broker gave up on its delivery
+                             * and reset the connection (delivery = confirm) */
     PL_OUTCOME__COUNT
 } pl_outcome;
 
@@ -119,21 +121,53 @@ void pl_engine_set_opts(pl_engine *e, const pl_engine_opts *opts);
  * handed_over). */
 void pl_engine_settle(pl_engine *e, pl_waiter *w, pl_outcome outcome);
 
-/* Offers <payload> to the waiters of <key> in match order until one accepts.
- * Waiters whose callback refuses are settled DISCONNECT. Returns
- * PL_DELIVERED when a waiter took it, PL_DELIVERY_PENDING when the taking
- * waiter's callback left it to be confirmed (then sets *waited_ms, if given,
- * to how long that waiter was parked), or 0 when nobody took it; nothing is
- * queued either way. */
-int pl_engine_deliver(pl_engine *e, const pl_key *key, const void *payload,
-                      uint64_t now, uint64_t *waited_ms);
+/* What pl_engine_vet_fn answers for one waiter about to be offered a payload. */
+enum {
+    PL_VET_OFFER = 0, /* offer it */
+    PL_VET_SKIP,      /* pass it over in this round (it stays parked) */
+    PL_VET_STOP,      /* offer the payload to nobody */
+};
+
+/* Asked about each waiter, by its owner, before it is offered a payload. */
+typedef int (*pl_engine_vet_fn)(void *owner, void *arg);
+
+/* One dispatch's way through pl_engine_deliver(): what goes in, what comes
+ * out. */
+typedef struct {
+    const void *payload;   /* in: the settle callback's <arg> */
+    pl_engine_vet_fn vet;  /* in, optional */
+    void *vet_arg;
+    pl_waiter *waiter;     /* out: the waiter whose delivery is pending */
+    void *owner;           /* out: the owner of the waiter that took it */
+    uint64_t waited_ms;    /* out: how long that waiter was parked */
+} pl_delivery;
+
+/* Offers <d>->payload to the waiters of <key> in match order until one
+ * takes it. A waiter whose callback refuses is settled DISCONNECT and the
+ * next one is offered. With a vet function, each waiter is vetted first:
+ * the ones skipped are offered in a second round, in match order, only
+ * when no other took the payload (suspects last). Returns PL_DELIVERED when
+ * a waiter took it, PL_DELIVERY_PENDING when the taking waiter's callback
+ * left it to be confirmed (then d->waiter is that waiter, until
+ * pl_engine_confirm()), PL_DELIVERY_STOPPED when the vet stopped it, or 0
+ * when nobody took it. Nothing is queued either way. d->owner and
+ * d->waited_ms are set when a waiter took it. */
+int pl_engine_deliver(pl_engine *e, const pl_key *key, uint64_t now, pl_delivery *d);
 
 #define PL_DELIVERED 1
 #define PL_DELIVERY_PENDING 2
+#define PL_DELIVERY_STOPPED 3
 
-/* Ends a delivery left pending: counts <w> as matched when <delivered> is
- * non-zero, else as a disconnect, and frees it. No callback runs. */
-void pl_engine_confirm(pl_engine *e, pl_waiter *w, int delivered);
+/* Ends a delivery left pending, with <outcome>: MATCHED (delivered),
+ * DISCONNECT (its client went away first) or ABORTED (the caller gave up
+ * on it and reset the connection). Counts it and frees <w>; no callback
+ * runs. */
+void pl_engine_confirm(pl_engine *e, pl_waiter *w, pl_outcome outcome);
+
+/* Calls <fn> with the owner of each of the first <max> waiters of <key>,
+ * in match order. <fn> must not change the engine. Returns how many. */
+size_t pl_engine_each_in_key(const pl_engine *e, const pl_key *key, size_t max,
+                             void (*fn)(void *owner, void *arg), void *arg);
 
 /* Settles as TIMEOUT every waiter parked at or before now - park_timeout.
  * Returns how many. */

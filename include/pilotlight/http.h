@@ -26,13 +26,26 @@ typedef struct {
      * <tag> (see pl_conn_set_tag; 0 for the server's own answers to
      * malformed requests, timeouts and refusals). For counters. */
     void (*on_response)(void *app, unsigned tag, int status);
-    /* <c> is closing while it holds application data (pl_conn_set_data);
-     * the application drops its reference here. */
-    void (*on_close)(void *app, pl_conn *c);
-    /* The peer of <c> acknowledged every byte up to the mark set by
-     * pl_conn_expect_ack(); fires once per mark. Optional. */
-    void (*on_acked)(void *app, pl_conn *c);
 } pl_http_callbacks;
+
+/* What happens to a connection that its owner hears of (pl_conn_owner). */
+enum {
+    PL_CONN_EV_ACKED = 1, /* its peer acknowledged every byte up to the mark
+                           * set by pl_conn_expect_ack(); once per mark */
+    PL_CONN_EV_DATA,      /* bytes arrived while it is held (kept, not read
+                           * as a request until it is released) */
+    PL_CONN_EV_END,       /* its peer ended it while it is held: see
+                           * pl_conn_ended(); it stays open until closed */
+};
+
+/* An owner of connections: the object behind pl_conn_set_owner() and what
+ * it does when one of its connections closes or something happens to it. */
+typedef struct {
+    /* <c> is closing (its descriptor is still open); <obj> lets go of it. */
+    void (*on_close)(void *obj, pl_conn *c);
+    /* PL_CONN_EV_* on <c>. Optional. */
+    void (*on_event)(void *obj, pl_conn *c, int ev);
+} pl_conn_owner;
 
 typedef struct {
     uint64_t max_connections;
@@ -101,16 +114,41 @@ void pl_conn_abort(pl_conn *c);
 
 /* Whether the client's TCP stack has acknowledged every byte written to <c>:
  * returns 1 when it has, 0 when bytes are still unsent or unacknowledged
- * (a connection reset meanwhile included: its close reports that), -1 when
- * the kernel cannot be asked. */
+ * (a connection reset meanwhile included), -1 when the kernel cannot be
+ * asked. One system call. */
 int pl_conn_acknowledged(const pl_conn *c);
 
-/* In on_close: 1 when <c>'s peer reset it after every byte written to it
- * had been sent. The reset ends the connection before any ACK it
- * carried is seen, so whether the peer took those bytes is unknown; a peer
- * that resets right after reading (HAProxy's server side does) is the case
- * this is for. */
-int pl_conn_reset_after_write(const pl_conn *c);
+/* What the kernel knows of <c>'s TCP connection. */
+typedef struct {
+    uint32_t unacked;       /* bytes written and not yet acknowledged */
+    uint32_t unsent;        /* of those, bytes that never left this host */
+    uint32_t rtt_us, rttvar_us; /* smoothed round trip and its variation */
+    uint32_t rto_us;        /* retransmission timeout, without back-off */
+    uint32_t since_sent_ms; /* since a data segment last left */
+    uint8_t closed;         /* the socket is closed: reset, or given up on */
+    uint8_t probes;         /* keepalive probes sent and not answered */
+} pl_conn_tcp;
+
+/* Fills <t> (TCP_INFO and the send queue's counts: three system calls, for
+ * the rare paths). The counts stay valid after a reset. Returns 0, or -1
+ * when the kernel cannot be asked. */
+int pl_conn_tcp_info(const pl_conn *c, pl_conn_tcp *t);
+
+/* Sends <c>'s peer a keepalive probe now, if the connection has been idle
+ * a second or more (else once it has): a live peer answers it within a
+ * round trip, which pl_conn_tcp_info() shows as probes == 0. From then on
+ * the connection is probed each second it is idle. */
+void pl_conn_probe(pl_conn *c);
+
+/* Holds <c> open for its owner: requests arriving on it are kept, not
+ * read (PL_CONN_EV_DATA), and an end from its peer neither closes it nor
+ * settles anything (PL_CONN_EV_END); no timeout applies. Until
+ * pl_conn_release() or a close. */
+void pl_conn_hold(pl_conn *c);
+
+/* How the peer ended a held connection: 0 (it has not), or one of: */
+enum { PL_CONN_END_EOF = 1, PL_CONN_END_RESET, PL_CONN_END_FAILED };
+int pl_conn_ended(const pl_conn *c);
 
 /* 1 when <c>'s peer has hung up although its reader has not yet seen it:
  * an EOF or a reset waits in the socket, with no data ahead of it. Costs one
@@ -136,7 +174,7 @@ int pl_conn_watch_acks(pl_conn *c, int on);
 /* How the application learns that <c>'s peer acknowledged its bytes. */
 enum {
     PL_CONN_ACK_POLL = -1,        /* no report: ask pl_conn_acknowledged() */
-    PL_CONN_ACK_REPORT = 0,       /* on_acked(<c>) fires */
+    PL_CONN_ACK_REPORT = 0,       /* PL_CONN_EV_ACKED comes */
     PL_CONN_ACK_NEXT_REQUEST = 1, /* its next request brings the ACK (it did
                                    * last time): no report; if the request
                                    * is late, ask pl_conn_acknowledged() */
@@ -145,7 +183,7 @@ enum {
                                    * once per connection) */
 };
 
-/* Asks for on_acked(<c>) once the peer has acknowledged every byte written
+/* Asks for PL_CONN_EV_ACKED once the peer has acknowledged every byte written
  * to <c> so far; replaces an earlier mark. Returns PL_CONN_ACK_REPORT, or
  * how else to learn of it: PL_CONN_ACK_NEXT_REQUEST when <c>'s last ACK
  * reported came with its next request (later writes ask for no report
@@ -182,14 +220,17 @@ void pl_conn_set_tag(pl_conn *c, unsigned tag);
  * them past the call without copying. Returns 0, or -1 when there are none. */
 int pl_conn_take_request(pl_conn *c, pl_buf *out);
 
-/* The application's pointer for <c>, with a <kind> of its choosing (0 when
- * none is set); on_close fires only while one is set. */
-void pl_conn_set_data(pl_conn *c, void *data, unsigned kind);
-void *pl_conn_data(const pl_conn *c, unsigned *kind);
+/* Makes <obj> the owner of <c>, with <ops> (a static table; a process
+ * has at most seven kinds of owner); NULL clears it. */
+void pl_conn_set_owner(pl_conn *c, void *obj, const pl_conn_owner *ops);
 
-/* Clears <c>'s application data, as the end of what held it open: while
- * the server drains (pl_http_drain() leaves such a connection be), an idle
- * <c> is closed then. */
+/* <c>'s owner object when it is one of <ops>'s, else NULL. */
+void *pl_conn_owner_obj(const pl_conn *c, const pl_conn_owner *ops);
+
+/* Clears <c>'s owner, as the end of what held it open, and lets go of a
+ * held <c>: what arrived while it was held is read now; one its peer ended
+ * is closed. While the server drains (pl_http_drain() leaves owned
+ * connections be), an idle <c> is closed then. */
 void pl_conn_release(pl_conn *c);
 
 /* ---- a binary upgrade hands sockets over (see handover.h) ---- */

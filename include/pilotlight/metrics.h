@@ -21,30 +21,41 @@ typedef enum {
     PL_ROUTE__COUNT
 } pl_route;
 
+/* What a dispatch came to. */
 typedef enum {
-    PL_DISPATCH_HIT = 0,
-    PL_DISPATCH_MISS,
-    PL_DISPATCH_INVALID,
+    PL_DISPATCH_HIT = 0,     /* true */
+    PL_DISPATCH_MISS,        /* false: no poll took it, or none could have it
+                              * whole */
+    PL_DISPATCH_INVALID,     /* 400 */
+    PL_DISPATCH_ABANDONED,   /* its dispatcher had gone before the run was
+                              * handed to a controller: offered to nobody */
+    PL_DISPATCH_UNCONFIRMED, /* false although the last controller tried may
+                              * have it: TCP could not tell (delivery = confirm;
+                              * docs/delivery.md) */
     PL_DISPATCH__COUNT
 } pl_dispatch_result;
 
-/* How a delivery (delivery = confirm) was found acknowledged, or taken as
- * delivered without an ACK seen (reset_after_write). */
+/* How a delivery (delivery = confirm) was found acknowledged. */
 typedef enum {
     PL_CONFIRM_BY_ACK_EVENT = 0, /* the kernel's ACK report */
-    PL_CONFIRM_BY_POLL,          /* asking SIOCOUTQ */
-    PL_CONFIRM_BY_NEXT_REQUEST,  /* the controller spoke again */
-    PL_CONFIRM_BY_RESET,         /* it reset after the payload was all sent */
+    PL_CONFIRM_BY_POLL,          /* asking SIOCOUTQ, where reports were refused */
+    PL_CONFIRM_BY_NEXT_REQUEST,  /* the controller's next request carried it */
     PL_CONFIRM_BY_NEXT_TURN,     /* asking SIOCOUTQ on the loop's next turns (busy) */
+    PL_CONFIRM_BY_LATE_CHECK,    /* asking the kernel once the ACK was late, or
+                                  * the connection ended */
     PL_CONFIRM_BY__COUNT
 } pl_confirm_method;
 
 /* How one attempt to deliver to a controller ended (delivery = confirm);
- * redelivered counts the payload going on to the key's next poll. */
+ * redelivered counts the run going on to the key's next poll. */
 typedef enum {
     PL_CONFIRM_ACKED = 0,
-    PL_CONFIRM_RESET,       /* the controller's socket failed or closed */
-    PL_CONFIRM_TIMEOUT,     /* no ACK in its time: we reset it */
+    PL_CONFIRM_UNSENT,           /* part of it never left: reset, not received */
+    PL_CONFIRM_CLOSED_UNREAD,    /* the controller closed before it had it all */
+    PL_CONFIRM_UNACKNOWLEDGED,   /* it all left; no ACK within the wait: the
+                                  * controller was taken for dead */
+    PL_CONFIRM_RESET_AFTER_SEND, /* reset by the controller after it all left,
+                                  * no ACK seen: false, offered to nobody */
     PL_CONFIRM_REDELIVERED,
     PL_CONFIRM__COUNT
 } pl_confirm_outcome;
@@ -77,6 +88,8 @@ typedef struct {
     uint64_t confirm_method[PL_CONFIRM_BY__COUNT];
     uint64_t confirm[PL_CONFIRM__COUNT];
     uint64_t ack_events_refused;   /* controller connections left to polling */
+    uint64_t confirm_probes;       /* parked polls probed: a delivery was late */
+    uint64_t confirm_skipped;      /* polls passed over: their probe unanswered */
     pl_histogram confirm_ack_seconds; /* payload written to ACK report */
 } pl_metrics;
 

@@ -4,9 +4,9 @@ Two network namespaces made here for the test, joined by a veth pair: the
 server lives in one (with the dispatcher, on its loopback), controllers in the
 other. A controller is then blackholed by taking its end of the link down:
 its packets vanish, with no FIN and no RST. In delivery=confirm mode a
-dispatch for its key must answer false (or reach a live waiter), within the
-confirm deadline plus a small bound; with keepalive settings, a blackholed
-parked poll must be settled as a disconnect without any dispatch.
+dispatch for its key must answer false (or reach a live waiter), within
+confirm_timeout_ms + confirm_wait_max_ms; with keepalive settings, a
+blackholed parked poll must be settled as a disconnect without any dispatch.
 
 Skipped, with the reason, where namespaces cannot be created (not root, no
 CAP_SYS_ADMIN, no iproute2).
@@ -209,6 +209,9 @@ def ledger_ok(m):
 
 
 def test_blackholed_controller_gets_false(net):
+    """The whole run left for a controller that vanished: it is given as
+    long as its own connection's ACK could take (round trip, delayed ACK,
+    two retransmissions: about 1 s on this link), then taken for dead."""
     srv = NsServer(net, "--delivery", "confirm", "--confirm-timeout-ms", "200")
     try:
         ctl = park_from(net.ctl, SRV_IP, srv.port, "controller_blackholed")  # keep it open
@@ -217,10 +220,12 @@ def test_blackholed_controller_gets_false(net):
         hit, took = srv.dispatch(EXAMPLE)
         m = srv.metrics()
         assert hit is False, m.text
-        # the deadline, one grace window (20 ms) and scheduling slack
-        assert 0.18 <= took <= 0.6, took
-        assert m.settled("disconnect") == 1 and m.settled("matched") == 0, m.text
-        assert m.dispatched("miss") == 1 and m.parked_now == 0 and ledger_ok(m), m.text
+        # 3 x (rtt + RTO of 200 ms at least) + 2 x 200 ms; at most the
+        # documented bound, confirm_timeout_ms + confirm_wait_max_ms
+        assert 0.9 <= took <= 0.2 + 3.0 + 0.5, took
+        assert m.get("pilotlight_confirm_total", outcome="unacknowledged") == 1, m.text
+        assert m.settled("aborted") == 1 and m.settled("matched") == 0, m.text
+        assert m.dispatched("unconfirmed") == 1 and m.parked_now == 0 and ledger_ok(m), m.text
         print(f"\nblackhole -> false in {took * 1000:.0f} ms")
         ctl.close()
     finally:
@@ -229,14 +234,18 @@ def test_blackholed_controller_gets_false(net):
 
 @pytest.mark.parametrize("dead", [1, 2])
 def test_blackholed_controllers_skipped_for_a_live_one(net, dead):
-    """Each dead controller gets one attempt's budget (well under the
-    deadline) before the run moves on, so the live poll behind them still
-    gets it within confirm_timeout_ms, confirmed by its ACK report."""
-    srv = NsServer(net, "--delivery", "confirm", "--confirm-timeout-ms", "200")
+    """The first vanished controller is given its whole wait (the rule:
+    never another controller while it may still acknowledge). Meanwhile the
+    key's next polls are probed, so a second vanished one is passed over
+    when the run moves on: the live poll behind them gets it, confirmed by
+    its ACK report, about one wait after the dispatch however many dead
+    ones were ahead."""
+    srv = NsServer(net, "--delivery", "confirm")
     try:
         ctls = [park_from(net.ctl, SRV_IP, srv.port, f"controller_blackholed_{i}")
                 for i in range(dead)]  # kept open
         srv.wait(lambda m: m.parked_now == dead, "the dead polls to park")
+        time.sleep(1.1)  # a keepalive probe needs a second of idleness
         live = park_from(net.srv, "127.0.0.1", srv.port, "controller_live")
         srv.wait(lambda m: m.parked_now == dead + 1, "the live poll to park")
         net.blackhole_controllers()
@@ -244,14 +253,15 @@ def test_blackholed_controllers_skipped_for_a_live_one(net, dead):
         hit, took = srv.dispatch(msg)  # fifo: the blackholed polls are offered first
         m = srv.metrics()
         assert hit is True, m.text
-        assert took <= 0.2 + 0.1, took  # within the deadline, plus scheduling slack
+        assert took <= 2.0, took  # one wait (about 1 s), plus scheduling slack
         assert json.loads(read_body(live)) == msg
-        assert m.get("pilotlight_confirm_total", outcome="timeout") == dead, m.text
-        assert m.get("pilotlight_confirm_total", outcome="redelivered") == dead, m.text
+        assert m.get("pilotlight_confirm_total", outcome="unacknowledged") == 1, m.text
+        assert m.get("pilotlight_confirm_total", outcome="redelivered") == 1, m.text
         assert m.get("pilotlight_confirm_total", outcome="acked") == 1, m.text
+        assert m.get("pilotlight_confirm_skipped_total") == dead - 1, m.text
         assert m.get("pilotlight_confirm_method_total", method="ack_event") == 1, m.text
-        assert m.settled("disconnect") == dead and m.settled("matched") == 1, m.text
-        assert m.dispatched("hit") == 1 and m.parked_now == 0 and ledger_ok(m), m.text
+        assert m.settled("aborted") == 1 and m.settled("matched") == 1, m.text
+        assert m.dispatched("hit") == 1 and m.parked_now == dead - 1 and ledger_ok(m), m.text
         print(f"\n{dead} blackholed, then live -> true in {took * 1000:.0f} ms")
         live.close()
         for c in ctls:

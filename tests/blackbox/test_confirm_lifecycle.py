@@ -84,7 +84,7 @@ def test_a_controller_that_half_closes_before_its_ack_gets_no_run(start_server):
     got = ctl.wait_closed()
     assert 0 < len(got) < PAD, len(got)
     m = srv.metrics()
-    assert m.get("pilotlight_confirm_total", outcome="reset") == 1, m.text
+    assert m.get("pilotlight_confirm_total", outcome="unsent") == 1, m.text
     assert m.settled("disconnect") == 1 and m.settled("matched") == 0, m.text
 
 

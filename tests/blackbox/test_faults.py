@@ -12,6 +12,8 @@ import tempfile
 import threading
 import time
 
+import pytest
+
 from conftest import (BIN, EXAMPLE, HOST, Conn, ConnectionClosed, Server,
                       assert_ledger, build_request, clean_env, make_message,
                       poll_headers, read_payload, request, reset_close)
@@ -105,8 +107,11 @@ def test_rst_while_large_payloads_are_queued(start_server):
     """A controller pipelines 5 polls and never reads; 4 ~900 KB payloads are
     dispatched to it (queued in the kernel and in the server), then it
     resets. Every dispatch answers at once, the 5th poll settles as a
-    disconnect, the queued bytes are freed, nothing else is disturbed."""
-    s = start_server("--max-body-bytes", BIG_BODY_LIMIT)
+    disconnect, the queued bytes are freed, nothing else is disturbed.
+    Under delivery = written, where a socket taking the bytes is true:
+    under confirm a controller that reads nothing is not, and its next
+    poll is not read while its run waits (test_confirm_edges)."""
+    s = start_server("--max-body-bytes", BIG_BODY_LIMIT, "--delivery", "written")
     pid = s.proc.pid
     rss0 = rss_kb(pid)
     reader = slow_reader(s.port)
@@ -246,16 +251,21 @@ def test_controller_that_never_reads_a_large_payload(start_server):
         assert rss_stuck - rss0 < 8 * 1024, "RSS grew by more than 8 MB for one 900 KB payload"
 
 
-def test_never_reading_controller_cannot_queue_unbounded_memory(start_server):
-    """Issue 4, section 3: memory stays bounded under a reader that never
+@pytest.mark.parametrize("mode", [["--delivery", "written"],
+                                  ["--delivery", "confirm", "--confirm-timeout-ms", "500"]],
+                         ids=["written", "confirm"])
+def test_never_reading_controller_cannot_queue_unbounded_memory(start_server, mode):
+    """Memory stays bounded under a reader that never
     reads. One controller pipelines 24 polls and reads nothing; a ~900 KB
     payload is dispatched each time one of its polls parks (the kernel
     takes ~3-4 MB; the rest would sit in the server). The server must stop
     that before ~8 MB (9 payloads) are queued for it: by dropping the
     connection at a queued-bytes limit, or by not taking its next poll
     while an answer is still unsent. Its RSS must not grow by more than
-    8 MB."""
-    s = start_server("--max-body-bytes", BIG_BODY_LIMIT)
+    8 MB. Under confirm the first run is never acknowledged: after
+    confirm_timeout_ms it is taken back with a reset, which drops the
+    connection."""
+    s = start_server("--max-body-bytes", BIG_BODY_LIMIT, *mode)
     pid = s.proc.pid
     n, bound = 24, 9
     reader = slow_reader(s.port)

@@ -229,6 +229,7 @@ static int on_settle(void *p, pl_outcome outcome, const void *arg)
         CHECK(S.op == OP_PARK && o == S.parking && o->state == O_PARKING && arg != NULL);
         break;
     case PL_OUTCOME_HANDED_OVER: /* only a binary upgrade hands over */
+    case PL_OUTCOME_ABORTED:     /* never a callback: pl_engine_confirm's alone */
     case PL_OUTCOME__COUNT:
         CHECK(0);
     }
@@ -256,7 +257,15 @@ static int deliver(const pl_message *m)
     S.cur_msg = m;
     S.taken = NULL;
     S.op = OP_DELIVER;
-    rc = pl_engine_deliver(S.engine, &m->key, m, S.now, &waited);
+    {
+        pl_delivery d = {.payload = m};
+        rc = pl_engine_deliver(S.engine, &m->key, S.now, &d);
+        if (rc == PL_DELIVERED || rc == PL_DELIVERY_PENDING) {
+            waited = d.waited_ms;
+            CHECK(d.owner == S.taken || !S.confirm);
+            CHECK(rc != PL_DELIVERY_PENDING || d.waiter == S.taken->w);
+        }
+    }
     S.op = OP_NONE;
     TRACE("  deliver: %d (%zu waiters of the key)\n", rc, S.nexpect);
     if (first == SIZE_MAX) {
@@ -281,7 +290,7 @@ static void record_start(const pl_message *m)
 
     if (S.nrecords == NRECORDS || (data = pl_malloc(m->payload_len + dl + vl)) == NULL) {
         /* cannot watch it: counted as written, as the broker does */
-        pl_engine_confirm(S.engine, S.taken->w, 1);
+        pl_engine_confirm(S.engine, S.taken->w, PL_OUTCOME_MATCHED);
         counted(S.taken, PL_OUTCOME_MATCHED);
         check_ledger();
         return;
@@ -309,11 +318,11 @@ static int record_check(size_t i)
 
     CHECK(o->state == O_PENDING);
     if (!o->unacked) {
-        pl_engine_confirm(S.engine, o->w, 1);
+        pl_engine_confirm(S.engine, o->w, PL_OUTCOME_MATCHED);
         counted(o, PL_OUTCOME_MATCHED);
     } else {
-        pl_engine_confirm(S.engine, o->w, 0);
-        counted(o, PL_OUTCOME_DISCONNECT);
+        pl_engine_confirm(S.engine, o->w, PL_OUTCOME_ABORTED);
+        counted(o, PL_OUTCOME_ABORTED);
         check_ledger();
         if (deliver(&r->msg) == PL_DELIVERY_PENDING) {
             r->o = S.taken;

@@ -1,0 +1,776 @@
+/* confirm.c -- delivery = confirm: a run written to a controller, until that
+ * controller's TCP stack has acknowledged it or cannot have it. */
+#include <string.h>
+
+#include <utlist.h>
+
+#include "pilotlight/confirm.h"
+#include "pilotlight/invariant.h"
+#include "pilotlight/log.h"
+#include "pilotlight/pool.h"
+
+/* ---- the decision ---- */
+
+uint64_t pl_confirm_wait_ms(const pl_confirm_facts *f, uint64_t max_ms)
+{
+    /* Unknown values are taken as Linux's first RTO (1 s), no round trip. */
+    uint64_t rt = (uint64_t)f->rtt_us + 4 * (uint64_t)f->rttvar_us;
+    uint64_t rto = f->rto_us != 0 ? f->rto_us : 1000000;
+    uint64_t ms = (3 * (rt + rto) + 999) / 1000 + 2 * PL_CONFIRM_DELACK_MS;
+
+    return ms < max_ms ? ms : max_ms;
+}
+
+pl_confirm_action pl_confirm_decide(const pl_confirm_facts *f, const pl_confirm_times *t,
+                                    uint64_t now, uint64_t *until, pl_confirm_outcome *why)
+{
+    uint64_t end;
+
+    if (f->acked) {
+        *why = PL_CONFIRM_ACKED;
+        return PL_CONFIRM_DELIVERED;
+    }
+    if (f->unsent) {
+        /* Its HTTP client cannot act on part of a response: taking the run
+         * back (a reset drops the rest) is safe, and worth it once the
+         * controller is gone, the budget spent, or another poll waits. */
+        if (f->fin || f->reset || f->gave_up || now >= t->deadline ||
+            (t->others && now >= t->late_at)) {
+            *why = PL_CONFIRM_UNSENT;
+            return PL_CONFIRM_RETRY;
+        }
+        *until = t->others && t->late_at < t->deadline ? t->late_at : t->deadline;
+        return PL_CONFIRM_WAIT;
+    }
+    if (f->reset && f->fin) {
+        /* Its FIN, sent as it closed, did not acknowledge the run, and the
+         * rest of the run met a closed socket: no reader had it whole. */
+        *why = PL_CONFIRM_CLOSED_UNREAD;
+        return PL_CONFIRM_RETRY;
+    }
+    if (f->reset) {
+        /* A reset carries an ACK that Linux does not read: whether the run
+         * was taken cannot be known. A reader that took it closes with a FIN
+         * that acknowledges it; one that closes with the run unread resets.
+         * Not offered again, as it may have been read; false, as a false
+         * costs a cold start where a wrong true costs the run's time. */
+        *why = PL_CONFIRM_RESET_AFTER_SEND;
+        return PL_CONFIRM_UNDECIDED;
+    }
+    end = f->left_at + pl_confirm_wait_ms(f, t->wait_max_ms);
+    if (now >= end) {
+        *why = PL_CONFIRM_UNACKNOWLEDGED;
+        return PL_CONFIRM_RETRY;
+    }
+    *until = end;
+    return PL_CONFIRM_WAIT;
+}
+
+/* ---- the deliveries awaiting a decision ---- */
+
+/* An attempt is late, and the kernel is asked what it knows, once its ACK
+ * has taken longer than ACKs take here (mean + 4 deviations of the reports
+ * seen, as TCP's retransmit timer), at least this long: above Linux's
+ * shortest delayed ACK (40 ms). */
+#define LATE_MIN_MS 50
+
+/* A controller whose ACK came with its next request is asked for its ACK
+ * only once that request is this late, then each time its wait has
+ * doubled: a prompt one costs no system call, a stalled crowd few. */
+#define RIDE_MS 10
+
+/* A busy broker looks for a controller's ACK itself on the loop's next
+ * turns (SIOCOUTQ) instead of asking the kernel for a report: a report
+ * wakes the loop on its own, which costs more than the look in a turn that
+ * comes anyway. Busy: dispatches closer together than SWEEP_GAP_NS, on
+ * average (an EWMA of their gaps, each counted at most as SWEEP_GAP_MAX_NS
+ * so that one quiet spell is forgotten as quickly). */
+#define SWEEP_GAP_NS 500000
+#define SWEEP_GAP_MAX_NS 10000000
+
+/* A swept delivery no turn has confirmed this long after its write is
+ * polled each millisecond, and the timer that ends the window makes sure
+ * a loop with nothing else to do looks. Not shorter: a timer due within
+ * the kernel's tick makes every blocking epoll_wait reprogram the CPU's
+ * timer, a VM exit here. */
+#define SWEEP_WINDOW_MS 20
+
+/* When an ACK is overdue, the next polls of its key are probed, so that a
+ * run that has to move on finds the dead ones among them already known. */
+#define PROBE_AHEAD 8
+
+/* How a delivery's ACK is learnt before the attempt is late. */
+enum {
+    HOW_REPORT = 0, /* the kernel's ACK report */
+    HOW_RIDE,       /* the controller's next request, else a look now and then */
+    HOW_POLL,       /* a look (SIOCOUTQ) each millisecond: no reports */
+    HOW_SWEEP,      /* a look on the loop's next turns (busy) */
+};
+
+/* A dispatch whose run was written to a controller and is not yet decided.
+ * It owns the run, to offer it to the next poll: the dispatch request's
+ * own bytes, taken over (a copy of the payload only where they cannot be),
+ * and a copy of the key strings. */
+typedef struct rec rec;
+struct rec {
+    rec *prev, *next;     /* in cf->recs */
+    rec *fprev, *fnext;   /* in cf->fresh, while swept in its window */
+    pl_confirm *cf;
+    pl_waiter *w;         /* the attempt's waiter, pending in the engine */
+    pl_conn *controller;  /* the attempt's connection, held */
+    pl_conn *dispatcher;  /* NULL once it went away */
+    uint64_t start_ns;    /* the dispatch arrived (uv_hrtime) */
+    uint64_t deadline;    /* of the dispatch (loop ms, as all below) */
+    uint64_t written;     /* this attempt's payload was written */
+    uint64_t late_at;     /* ask the kernel from then on */
+    uint64_t look_at;     /* a polled attempt's next look */
+    uint64_t due;         /* when the timer is next to look at it */
+    uint64_t sent_ns;     /* a reported attempt's write, for the histogram */
+    uint64_t turn;        /* a swept attempt's loop turn */
+    uint64_t waited_ms;   /* how long the attempt's poll had been parked */
+    pl_confirm_outcome last; /* how the last failed attempt ended */
+    unsigned how : 2;     /* HOW_* */
+    unsigned late : 1;    /* past late_at: the kernel was asked */
+    unsigned overdue : 1; /* its ACK is overdue for its path: counted in
+                           * cf->overdue, its key's next polls probed */
+    unsigned fresh : 1;   /* in cf->fresh */
+    unsigned swept : 1;   /* the turns looked first (busy) */
+    unsigned failed : 1;  /* an earlier attempt failed (see last) */
+    pl_buf request;       /* the dispatch request's bytes, or none */
+    pl_message msg;       /* views into request or data[] */
+    char data[];
+};
+
+struct pl_confirm {
+    uv_loop_t *loop;
+    pl_engine *engine;
+    pl_metrics *m;
+    pl_confirm_opts opts;
+    pl_confirm_answer_fn answer;
+    void *arg;
+    rec *recs;
+    size_t nrecs;
+    rec *fresh;              /* swept records in their window, oldest first */
+    unsigned overdue;        /* records whose ACK is overdue */
+    uint64_t suspect_until;  /* a controller was just taken for dead */
+    uv_timer_t timer;        /* the earliest record due */
+    uint64_t timer_due;
+    uv_check_t sweep;        /* looks at the fresh records after each turn */
+    uv_timer_t sweep_timer;  /* ends the oldest one's window */
+    uint64_t turns;          /* loop turns swept, to skip a record's own */
+    uint64_t dispatch_ns, gap_ns; /* the last dispatch; the gaps' EWMA */
+    uint64_t ack_srtt_ns, ack_rttvar_ns; /* ACK report times, as TCP's RTO */
+};
+
+static void look(pl_confirm *cf, rec *r, uint64_t now, int final);
+static void controller_closed(void *obj, pl_conn *c);
+static void controller_event(void *obj, pl_conn *c, int ev);
+static void dispatcher_closed(void *obj, pl_conn *c);
+
+static const pl_conn_owner controller_owner = {controller_closed, controller_event};
+static const pl_conn_owner dispatcher_owner = {dispatcher_closed, NULL};
+
+static size_t rec_size(const rec *r)
+{
+    return sizeof(*r) + (r->request.data != NULL ? 0 : r->msg.payload_len) +
+           r->msg.key.deployment_len + r->msg.key.version_len;
+}
+
+/* ---- timers ---- */
+
+static void tick(uv_timer_t *t);
+
+/* Makes the timer fire by <due> (it may fire early and re-arm). */
+static void arm(pl_confirm *cf, uint64_t due)
+{
+    uint64_t now = uv_now(cf->loop);
+
+    if (uv_is_active((uv_handle_t *)&cf->timer) && cf->timer_due <= due)
+        return;
+    cf->timer_due = due;
+    uv_timer_start(&cf->timer, tick, due > now ? due - now : 0, 0);
+}
+
+static void schedule(pl_confirm *cf, rec *r, uint64_t due)
+{
+    r->due = due;
+    arm(cf, due);
+}
+
+static void tick(uv_timer_t *t)
+{
+    pl_confirm *cf = t->data;
+    uint64_t now = uv_now(cf->loop), next = UINT64_MAX;
+    rec *r, *after;
+
+    for (r = cf->recs; r != NULL; r = after) {
+        after = r->next;
+        if (r->due <= now)
+            look(cf, r, now, 0);
+    }
+    /* A record looked at either went or has a later due. */
+    for (r = cf->recs; r != NULL; r = r->next)
+        next = r->due < next ? r->due : next;
+    uv_timer_stop(t);
+    if (next != UINT64_MAX)
+        arm(cf, next);
+}
+
+/* ---- the busy broker's looks on the loop's next turns ---- */
+
+static void sweep_cb(uv_check_t *check);
+static void sweep_timer_cb(uv_timer_t *t);
+
+static void fresh_join(pl_confirm *cf, rec *r)
+{
+    r->turn = cf->turns;
+    r->fresh = 1;
+    DL_APPEND2(cf->fresh, r, fprev, fnext);
+    if (r == cf->fresh)
+        uv_check_start(&cf->sweep, sweep_cb);
+    /* Started once and left to run out, not moved for every delivery: it
+     * is there for a loop with nothing else to wake it. */
+    if (!uv_is_active((uv_handle_t *)&cf->sweep_timer))
+        uv_timer_start(&cf->sweep_timer, sweep_timer_cb, SWEEP_WINDOW_MS, 0);
+}
+
+static void fresh_leave(pl_confirm *cf, rec *r)
+{
+    if (!r->fresh)
+        return;
+    r->fresh = 0;
+    DL_DELETE2(cf->fresh, r, fprev, fnext);
+    if (cf->fresh == NULL)
+        uv_check_stop(&cf->sweep);
+}
+
+static void acked(pl_confirm *cf, rec *r, pl_confirm_method how);
+
+/* Looks at the fresh records written before this turn: an acknowledged one
+ * is confirmed, one past its window is polled from now on. */
+static void sweep(pl_confirm *cf)
+{
+    uint64_t now = uv_now(cf->loop);
+    rec *r, *after;
+
+    for (r = cf->fresh; r != NULL && r->turn != cf->turns; r = after) {
+        int state = pl_conn_acknowledged(r->controller);
+        after = r->fnext;
+        if (state == 1) {
+            acked(cf, r, PL_CONFIRM_BY_NEXT_TURN);
+        } else if (state < 0 || now - r->written >= SWEEP_WINDOW_MS) {
+            fresh_leave(cf, r);
+            r->how = HOW_POLL;
+            r->swept = 1;
+            r->look_at = now + 1;
+            schedule(cf, r, r->look_at < r->late_at ? r->look_at : r->late_at);
+        }
+    }
+}
+
+static void sweep_cb(uv_check_t *check)
+{
+    pl_confirm *cf = check->data;
+
+    sweep(cf);
+    cf->turns++;
+}
+
+static void sweep_timer_cb(uv_timer_t *t)
+{
+    pl_confirm *cf = t->data;
+    uint64_t now = uv_now(cf->loop), due;
+
+    sweep(cf);
+    if (cf->fresh != NULL) {
+        due = cf->fresh->written + SWEEP_WINDOW_MS;
+        uv_timer_start(t, sweep_timer_cb, due > now ? due - now : 1, 0);
+    }
+}
+
+void pl_confirm_note_dispatch(pl_confirm *cf, uint64_t ns)
+{
+    uint64_t gap = ns - cf->dispatch_ns;
+
+    cf->dispatch_ns = ns;
+    gap = gap < SWEEP_GAP_MAX_NS ? gap : SWEEP_GAP_MAX_NS;
+    cf->gap_ns = (7 * cf->gap_ns + gap) / 8;
+}
+
+int pl_confirm_busy(const pl_confirm *cf)
+{
+    return cf->gap_ns < SWEEP_GAP_NS;
+}
+
+/* ---- an attempt ---- */
+
+/* How long ACKs take here, by the reports seen: past it, an attempt is
+ * late. */
+static uint64_t late_ms(const pl_confirm *cf)
+{
+    uint64_t ms = (cf->ack_srtt_ns + 4 * cf->ack_rttvar_ns) / 1000000 + 1;
+
+    return ms > LATE_MIN_MS ? ms : LATE_MIN_MS;
+}
+
+static void learn(pl_confirm *cf, uint64_t ns)
+{
+    uint64_t d;
+
+    if (cf->ack_srtt_ns == 0) {
+        cf->ack_srtt_ns = ns;
+        cf->ack_rttvar_ns = ns / 2;
+        return;
+    }
+    d = ns > cf->ack_srtt_ns ? ns - cf->ack_srtt_ns : cf->ack_srtt_ns - ns;
+    cf->ack_rttvar_ns = (3 * cf->ack_rttvar_ns + d) / 4;
+    cf->ack_srtt_ns = (7 * cf->ack_srtt_ns + ns) / 8;
+}
+
+/* Takes the attempt pl_engine_deliver() left pending in <d>: the
+ * controller's connection is held, and its ACK watched by the kernel's
+ * report where it gives one, else by its next request or by looking. */
+static void attempt_begin(pl_confirm *cf, rec *r, const pl_delivery *d, uint64_t now)
+{
+    int how;
+
+    r->w = d->waiter;
+    r->controller = d->owner;
+    r->waited_ms = d->waited_ms;
+    r->written = now;
+    r->late_at = now + late_ms(cf);
+    r->late = r->overdue = r->swept = 0;
+    pl_conn_set_owner(r->controller, r, &controller_owner);
+    pl_conn_hold(r->controller);
+    how = pl_conn_expect_ack(r->controller);
+    if (how == PL_CONN_ACK_REFUSED)
+        cf->m->ack_events_refused++; /* set on the socket, refused per write */
+    if (how == PL_CONN_ACK_REPORT) {
+        r->how = HOW_REPORT;
+        r->sent_ns = uv_hrtime();
+        r->look_at = UINT64_MAX;
+    } else if (how == PL_CONN_ACK_NEXT_REQUEST) {
+        r->how = HOW_RIDE;
+        r->look_at = now + RIDE_MS;
+    } else if (pl_confirm_busy(cf)) {
+        r->how = HOW_SWEEP;
+        r->look_at = UINT64_MAX; /* the turns look; then polled */
+        fresh_join(cf, r);
+    } else {
+        r->how = HOW_POLL;
+        r->look_at = now + 1;
+    }
+    schedule(cf, r, r->look_at < r->late_at ? r->look_at : r->late_at);
+}
+
+static void not_overdue(pl_confirm *cf, rec *r)
+{
+    if (r->overdue) {
+        r->overdue = 0;
+        cf->overdue--;
+    }
+}
+
+/* Ends <r>: its dispatcher (if still there) hears <result>, and it is
+ * freed. The attempt in hand, if any, was acknowledged. */
+static void finish(pl_confirm *cf, rec *r, pl_dispatch_result result)
+{
+    size_t size;
+
+    fresh_leave(cf, r);
+    not_overdue(cf, r);
+    if (r->w != NULL) {
+        PL_ASSERT(result == PL_DISPATCH_HIT);
+        pl_engine_confirm(cf->engine, r->w, PL_OUTCOME_MATCHED);
+        pl_conn_release(r->controller);
+        r->w = NULL;
+    }
+    if (result == PL_DISPATCH_MISS && r->failed &&
+        (r->last == PL_CONFIRM_UNACKNOWLEDGED || r->last == PL_CONFIRM_RESET_AFTER_SEND))
+        result = PL_DISPATCH_UNCONFIRMED;
+    if (r->dispatcher != NULL)
+        pl_conn_set_owner(r->dispatcher, NULL, NULL);
+    cf->answer(cf->arg, r->dispatcher, result, r->waited_ms, r->start_ns);
+    DL_DELETE(cf->recs, r);
+    cf->nrecs--;
+    /* With nothing left to watch the timer stops: left armed, it would cut
+     * the loop's sleeps short as it counts down. */
+    if (cf->recs == NULL)
+        uv_timer_stop(&cf->timer);
+    size = rec_size(r); /* before the request it counts is freed */
+    pl_buf_free(&r->request);
+    pl_pool_free(r, size);
+}
+
+static void acked(pl_confirm *cf, rec *r, pl_confirm_method how)
+{
+    if (how == PL_CONFIRM_BY_ACK_EVENT) {
+        uint64_t ns = uv_hrtime() - r->sent_ns;
+        pl_metrics_observe(&cf->m->confirm_ack_seconds, (double)ns / 1e9);
+        learn(cf, ns);
+    }
+    /* A riding connection whose ACK had to be looked for stopped polling
+     * again at once: its writes ask for reports again. */
+    if (r->how == HOW_RIDE && how != PL_CONFIRM_BY_NEXT_REQUEST)
+        pl_conn_report_acks(r->controller);
+    cf->m->confirm_method[how]++;
+    cf->m->confirm[PL_CONFIRM_ACKED]++;
+    finish(cf, r, PL_DISPATCH_HIT);
+}
+
+/* The attempt in hand failed (<why>): its connection is reset, so nothing
+ * more of the run can reach that controller, and its waiter ends. */
+static void attempt_fail(pl_confirm *cf, rec *r, pl_confirm_outcome why)
+{
+    pl_conn *c = r->controller;
+    /* The controller ended it (or it failed) before anything could be
+     * known: its doing. Otherwise the broker gave up on it. */
+    int theirs = why == PL_CONFIRM_CLOSED_UNREAD || why == PL_CONFIRM_RESET_AFTER_SEND ||
+                 (why == PL_CONFIRM_UNSENT && pl_conn_ended(c) != 0);
+
+    PL_LOG(PL_LOG_DEBUG, "delivery not confirmed", "\"outcome\":%d", (int)why);
+    cf->m->confirm[why]++;
+    r->last = why;
+    r->failed = 1;
+    fresh_leave(cf, r);
+    not_overdue(cf, r);
+    if (why == PL_CONFIRM_UNACKNOWLEDGED)
+        cf->suspect_until = uv_now(cf->loop) + cf->opts.wait_max_ms;
+    pl_conn_set_owner(c, NULL, NULL);
+    pl_conn_abort(c);
+    pl_engine_confirm(cf->engine, r->w, theirs ? PL_OUTCOME_DISCONNECT : PL_OUTCOME_ABORTED);
+    r->w = NULL;
+    r->controller = NULL;
+}
+
+/* Whether <r>'s dispatcher has gone (closed, or its FIN came): then its
+ * run is offered to nobody. */
+static int dispatcher_gone(const rec *r)
+{
+    return r->dispatcher == NULL || pl_conn_peer_gone(r->dispatcher);
+}
+
+static int reoffer_vet(void *owner, void *arg)
+{
+    rec *r = arg;
+
+    return dispatcher_gone(r) ? PL_VET_STOP : pl_confirm_vet(r->cf, owner);
+}
+
+/* After a failed attempt: the key's next poll, if the budget allows and
+ * the dispatcher is still there; else the answer. */
+static void reoffer(pl_confirm *cf, rec *r, uint64_t now)
+{
+    pl_delivery d = {.payload = &r->msg, .vet = reoffer_vet, .vet_arg = r};
+    int rc = 0;
+
+    if (now < r->deadline)
+        rc = pl_engine_deliver(cf->engine, &r->msg.key, now, &d);
+    if (rc == PL_DELIVERY_PENDING) {
+        cf->m->confirm[PL_CONFIRM_REDELIVERED]++;
+        attempt_begin(cf, r, &d, now);
+    } else if (rc == PL_DELIVERED) {
+        /* delivery = written since a reload: its meaning of true */
+        r->waited_ms = d.waited_ms;
+        finish(cf, r, PL_DISPATCH_HIT);
+    } else {
+        finish(cf, r, rc == PL_DELIVERY_STOPPED ? PL_DISPATCH_ABANDONED : PL_DISPATCH_MISS);
+    }
+}
+
+/* First time an attempt's ACK is overdue for its own path: the next polls
+ * of its key are probed, and polls are vetted until it is decided. */
+static void mark_overdue(pl_confirm *cf, rec *r);
+
+static void probe_one(void *owner, void *arg)
+{
+    pl_confirm *cf = arg;
+
+    pl_conn_probe(owner);
+    cf->m->confirm_probes++;
+}
+
+static void mark_overdue(pl_confirm *cf, rec *r)
+{
+    if (r->overdue)
+        return;
+    r->overdue = 1;
+    cf->overdue++;
+    pl_engine_each_in_key(cf->engine, &r->msg.key, PROBE_AHEAD, probe_one, cf);
+}
+
+/* What the kernel knows of the attempt in hand, as facts for the decision.
+ * Returns -1 when it cannot be asked. */
+static int gather(const rec *r, uint64_t now, pl_confirm_facts *f, pl_conn_tcp *t)
+{
+    int end = pl_conn_ended(r->controller);
+
+    if (pl_conn_tcp_info(r->controller, t) != 0)
+        return -1;
+    memset(f, 0, sizeof(*f));
+    f->acked = t->unacked == 0;
+    f->unsent = t->unsent > 0;
+    f->fin = end == PL_CONN_END_EOF;
+    f->reset = end == PL_CONN_END_RESET || (t->closed && end != PL_CONN_END_FAILED);
+    f->gave_up = end == PL_CONN_END_FAILED;
+    f->rtt_us = t->rtt_us;
+    f->rttvar_us = t->rttvar_us;
+    f->rto_us = t->rto_us;
+    /* The last data segment to leave, unless retransmitted since, was the
+     * run's last: a retransmission only makes this later, the wait longer. */
+    f->left_at = now > t->since_sent_ms ? now - t->since_sent_ms : 0;
+    if (f->left_at < r->written)
+        f->left_at = r->written;
+    return 0;
+}
+
+/* How an acknowledgement found by asking the kernel was learnt: where a
+ * report was due, by a late check; else by the looks that stand in for it. */
+static pl_confirm_method look_method(const rec *r)
+{
+    if (r->how == HOW_REPORT)
+        return PL_CONFIRM_BY_LATE_CHECK;
+    return r->swept ? PL_CONFIRM_BY_NEXT_TURN : PL_CONFIRM_BY_POLL;
+}
+
+/* How soon to look again at an attempt no event will tell about: one
+ * polled, one whose payload has not all left, one whose controller sent
+ * its FIN (a reset may follow, unseen with reading stopped). */
+static uint64_t recheck_ms(const pl_confirm_facts *f)
+{
+    uint64_t ms = f->rtt_us / 2000;
+
+    return ms < 5 ? 5 : ms > 50 ? 50 : ms;
+}
+
+/* Asks the kernel and decides about <r>'s attempt. <final>: its connection
+ * is being closed under it, so it cannot wait. */
+static void decide(pl_confirm *cf, rec *r, uint64_t now, int final)
+{
+    pl_confirm_times times = {r->late_at, r->deadline, cf->opts.wait_max_ms, 0};
+    pl_confirm_outcome why = PL_CONFIRM_ACKED;
+    pl_confirm_action action;
+    pl_confirm_facts f;
+    pl_conn_tcp t;
+    uint64_t until = 0;
+
+    memset(&f, 0, sizeof(f));
+    r->late = 1;
+    if (gather(r, now, &f, &t) != 0) {
+        /* Cannot be asked: as unknown as a reset after the payload left. */
+        action = PL_CONFIRM_UNDECIDED;
+        why = PL_CONFIRM_RESET_AFTER_SEND;
+    } else {
+        times.others = f.unsent && pl_engine_waiting(cf->engine, &r->msg.key) > 0;
+        action = pl_confirm_decide(&f, &times, now, &until, &why);
+    }
+    if (action == PL_CONFIRM_WAIT && final) {
+        action = f.unsent ? PL_CONFIRM_RETRY : PL_CONFIRM_UNDECIDED;
+        why = f.unsent ? PL_CONFIRM_UNSENT : PL_CONFIRM_UNACKNOWLEDGED;
+    }
+    switch (action) {
+    case PL_CONFIRM_DELIVERED:
+        acked(cf, r, look_method(r));
+        return;
+    case PL_CONFIRM_RETRY:
+        attempt_fail(cf, r, why);
+        if (final)
+            finish(cf, r, PL_DISPATCH_MISS);
+        else
+            reoffer(cf, r, now);
+        return;
+    case PL_CONFIRM_UNDECIDED:
+        attempt_fail(cf, r, why);
+        finish(cf, r, PL_DISPATCH_MISS);
+        return;
+    case PL_CONFIRM_WAIT:
+        break;
+    }
+    /* Overdue: past the time an ACK takes on this path, delayed ACK
+     * included. Its key's other polls are probed meanwhile. */
+    if (!f.unsent && !f.fin &&
+        now >= f.left_at + (f.rtt_us + 4 * (uint64_t)f.rttvar_us) / 1000 + PL_CONFIRM_DELACK_MS)
+        mark_overdue(cf, r);
+    if (f.unsent || f.fin || r->how != HOW_REPORT) {
+        uint64_t again = now + recheck_ms(&f);
+        until = again < until ? again : until;
+    } else if (!r->overdue) {
+        uint64_t at = f.left_at + (f.rtt_us + 4 * (uint64_t)f.rttvar_us) / 1000 +
+                      PL_CONFIRM_DELACK_MS;
+        until = at < until ? at : until;
+    }
+    r->look_at = until;
+    schedule(cf, r, until);
+}
+
+/* Looks at <r>: a polled attempt asks whether it is acknowledged; a late
+ * one (or one whose controller ended it) is decided. */
+static void look(pl_confirm *cf, rec *r, uint64_t now, int final)
+{
+    int state;
+
+    if (final || r->late || now >= r->late_at || pl_conn_ended(r->controller) != 0) {
+        decide(cf, r, now, final);
+        return;
+    }
+    if (r->how == HOW_REPORT || r->how == HOW_SWEEP || now < r->look_at) {
+        schedule(cf, r, r->look_at < r->late_at ? r->look_at : r->late_at);
+        return;
+    }
+    state = pl_conn_acknowledged(r->controller);
+    if (state == 1) {
+        acked(cf, r, look_method(r));
+        return;
+    }
+    if (state < 0) {
+        decide(cf, r, now, 0);
+        return;
+    }
+    /* A riding controller is asked again each time its wait has doubled. */
+    r->look_at = now + (r->how == HOW_RIDE ? now - r->written : 1);
+    schedule(cf, r, r->look_at < r->late_at ? r->look_at : r->late_at);
+}
+
+/* ---- what happens to the connections ---- */
+
+static void controller_event(void *obj, pl_conn *c, int ev)
+{
+    rec *r = obj;
+    pl_confirm *cf = r->cf;
+
+    (void)c;
+    if (ev == PL_CONN_EV_ACKED) {
+        acked(cf, r, PL_CONFIRM_BY_ACK_EVENT);
+    } else if (ev == PL_CONN_EV_DATA) {
+        /* A request carries the ACK of what its sender had read: one sent
+         * after reading the run (a client that waits for each answer) says
+         * it was taken; one sent before (pipelined) does not, and waits. */
+        if (pl_conn_acknowledged(r->controller) == 1)
+            acked(cf, r, PL_CONFIRM_BY_NEXT_REQUEST);
+    } else if (ev == PL_CONN_EV_END) {
+        look(cf, r, uv_now(cf->loop), 0);
+    }
+}
+
+static void controller_closed(void *obj, pl_conn *c)
+{
+    rec *r = obj;
+
+    (void)c;
+    decide(r->cf, r, uv_now(r->cf->loop), 1);
+}
+
+static void dispatcher_closed(void *obj, pl_conn *c)
+{
+    rec *r = obj;
+
+    (void)c;
+    r->dispatcher = NULL;
+}
+
+/* ---- the set ---- */
+
+int pl_confirm_vet(pl_confirm *cf, pl_conn *c)
+{
+    pl_conn_tcp t;
+
+    if (cf->overdue == 0 && uv_now(cf->loop) >= cf->suspect_until)
+        return PL_VET_OFFER;
+    if (pl_conn_tcp_info(c, &t) == 0 && t.probes > 0) {
+        cf->m->confirm_skipped++;
+        return PL_VET_SKIP;
+    }
+    return PL_VET_OFFER;
+}
+
+void pl_confirm_start(pl_confirm *cf, pl_conn *dispatcher, const pl_message *m,
+                      const pl_delivery *d, uint64_t start_ns)
+{
+    size_t dl = m->key.deployment_len, vl = m->key.version_len, pl = 0;
+    uint64_t now = uv_now(cf->loop);
+    pl_buf request = {0};
+    rec *r;
+
+    /* The payload is a view into the request's bytes: keeping them saves a
+     * copy of it for every delivery. */
+    if (pl_conn_take_request(dispatcher, &request) != 0)
+        pl = m->payload_len;
+    r = pl_pool_alloc(sizeof(*r) + pl + dl + vl, NULL);
+    if (r == NULL) {
+        /* Written but cannot be watched: what delivery = written says. */
+        pl_buf_free(&request);
+        pl_engine_confirm(cf->engine, d->waiter, PL_OUTCOME_MATCHED);
+        cf->answer(cf->arg, dispatcher, PL_DISPATCH_HIT, d->waited_ms, start_ns);
+        return;
+    }
+    memset(r, 0, sizeof(*r));
+    r->cf = cf;
+    r->request = request;
+    memcpy(r->data, m->payload, pl);
+    memcpy(r->data + pl, m->key.deployment, dl);
+    memcpy(r->data + pl + dl, m->key.version, vl);
+    r->msg.key = m->key;
+    r->msg.payload = request.data != NULL ? m->payload : r->data;
+    r->msg.payload_len = m->payload_len;
+    r->msg.key.deployment = r->data + pl;
+    r->msg.key.version = r->data + pl + dl;
+    r->dispatcher = dispatcher;
+    r->start_ns = start_ns;
+    r->deadline = now + cf->opts.timeout_ms;
+    DL_PREPEND(cf->recs, r);
+    cf->nrecs++;
+    pl_conn_set_owner(dispatcher, r, &dispatcher_owner);
+    pl_conn_hold_on_eof(dispatcher); /* it may half-close as it waits */
+    attempt_begin(cf, r, d, now);
+}
+
+size_t pl_confirm_pending(const pl_confirm *cf)
+{
+    return cf->nrecs;
+}
+
+pl_confirm *pl_confirm_new(uv_loop_t *loop, pl_engine *engine, pl_metrics *metrics,
+                           const pl_confirm_opts *opts, pl_confirm_answer_fn answer, void *arg)
+{
+    pl_confirm *cf = pl_malloc(sizeof(*cf));
+
+    if (cf == NULL)
+        return NULL;
+    memset(cf, 0, sizeof(*cf));
+    cf->loop = loop;
+    cf->engine = engine;
+    cf->m = metrics;
+    cf->opts = *opts;
+    cf->answer = answer;
+    cf->arg = arg;
+    cf->gap_ns = SWEEP_GAP_MAX_NS;
+    uv_timer_init(loop, &cf->timer);
+    cf->timer.data = cf;
+    uv_check_init(loop, &cf->sweep);
+    cf->sweep.data = cf;
+    uv_timer_init(loop, &cf->sweep_timer);
+    cf->sweep_timer.data = cf;
+    return cf;
+}
+
+void pl_confirm_set_opts(pl_confirm *cf, const pl_confirm_opts *opts)
+{
+    cf->opts = *opts;
+}
+
+void pl_confirm_stop(pl_confirm *cf)
+{
+    uint64_t now = uv_now(cf->loop);
+
+    /* Normally none: a drained server has closed every connection. */
+    while (cf->recs != NULL)
+        decide(cf, cf->recs, now, 1);
+    uv_close((uv_handle_t *)&cf->timer, NULL);
+    uv_close((uv_handle_t *)&cf->sweep, NULL);
+    uv_close((uv_handle_t *)&cf->sweep_timer, NULL);
+}
+
+void pl_confirm_free(pl_confirm *cf)
+{
+    pl_free(cf);
+}
