@@ -687,6 +687,20 @@ def run_cell(net, mode, server_args=(), *, rtt_ms=0.0, jitter_ms=0.0, loss=0.0, 
     return figures
 
 
+def show(request, text):
+    """Writes <text> to the terminal even while pytest captures output, so
+    a plain run shows the figures, passing or not (<request>: the test's)."""
+    tr = request.config.pluginmanager.getplugin("terminalreporter")
+    cm = request.config.pluginmanager.getplugin("capturemanager")
+    if tr is None or cm is None:
+        print(text)
+        return
+    with cm.global_and_fixture_disabled():
+        tr.write_line("")
+        for line in text.splitlines():
+            tr.write_line(line)
+
+
 def describe(f):
     """One cell's figures in one paragraph."""
     def ms(v):

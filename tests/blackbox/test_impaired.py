@@ -93,21 +93,7 @@ def table(request):
                      f"{f['duplicates']:4} {f['false_received']:6} {f['true_unreceived']:8} "
                      f"{f['lost']:4} {f['errors']:4} {f['excess']:5} {ms(f['p50_ms']):>7} "
                      f"{ms(f['p90_ms']):>7} {ms(f['p99_ms']):>7} {f['wall_s']:6.1f}")
-    show(request, "\n".join(lines))
-
-
-def show(request, text):
-    """Writes <text> to the terminal even while pytest captures output, so
-    a plain run shows the figures of every cell, passing or not."""
-    tr = request.config.pluginmanager.getplugin("terminalreporter")
-    cm = request.config.pluginmanager.getplugin("capturemanager")
-    if tr is None or cm is None:
-        print(text)
-        return
-    with cm.global_and_fixture_disabled():
-        tr.write_line("")
-        for line in text.splitlines():
-            tr.write_line(line)
+    impair.show(request, "\n".join(lines))
 
 
 @pytest.mark.parametrize("mode,cell", [(m, c) for c in CELLS for m in MODES],
@@ -120,7 +106,7 @@ def test_delivery_promise_holds(net, node_ready, table, request, mode, cell):
                         per_key=PER_KEY, work_ms=WORK_MS, tag=f"{mode}_{cell}", **settings)
     table.append((mode, cell, f))
     text = f"{mode} {cell}: " + impair.describe(f)
-    show(request, text)
+    impair.show(request, text)
     broken = {k: f[k] for k in ("duplicates", "false_received", "true_unreceived", "lost",
                                 "errors", "stray")}
     assert broken == dict.fromkeys(broken, 0), text

@@ -1,5 +1,6 @@
 """Controllers that vanish while parked: pl-wire drops every packet from and
-to their address (no FIN, no RST), on a 20 ms RTT path (impair.py).
+to their address, or every packet at all (no FIN, no RST), on a 20 ms RTT
+path (impair.py).
 
 Under delivery = confirm a dispatch to vanished controllers answers `false`,
 or reaches a live poll of the key, within answer_bound_s(): the budget for
@@ -136,12 +137,13 @@ def nothing_arrives(sock, wait=0.5):
     return not r
 
 
-def test_dispatches_to_vanished_controllers_answer_false(net, ns_server):
-    """Three vanished polls, three concurrent dispatches: each answers
-    false (nobody can have it) within the bound."""
+def test_dispatches_to_vanished_controllers_answer_false(net, ns_server, request):
+    """Three polls, then the whole controller side vanishes; three
+    concurrent dispatches: each answers false (nobody can have the run)
+    within the bound."""
     srv = ns_server(*confirm_args())
-    gone = [park(net, srv, GONE_IP, f"ctl_gone_{i}") for i in range(3)]
-    net.drop_ip(GONE_IP)
+    gone = [park(net, srv, impair.CTL_IPS[i], f"ctl_gone_{i}") for i in range(3)]
+    net.drop_all()
     bound = answer_bound_s(CONFIRM_TIMEOUT_MS, CONFIRM_WAIT_MAX_MS)
     disp = impair.Dispatcher(net.srv, srv.port, workers=3, timeout=60)
     try:
@@ -150,14 +152,15 @@ def test_dispatches_to_vanished_controllers_answer_false(net, ns_server):
     finally:
         disp.close()
     m = srv.metrics(Metrics)
-    got = {r: (a, round(t, 3), e) for r, (a, t, e) in answers.items()}
-    print(f"\nvanished x3, confirm: {got}; bound {bound:.1f} s")
+    got = ", ".join(f"{r} {a} in {t * 1000:.0f} ms" + (f" ({e})" if e else "")
+                    for r, (a, t, e) in sorted(answers.items()))
+    impair.show(request, f"three vanished, confirm: {got}; bound {bound:.1f} s")
     assert all(a is False for a, _, _ in answers.values()), (got, m.text)
     assert all(t <= bound for _, t, _ in answers.values()), (got, bound)
     assert all(nothing_arrives(s, 0) for s in gone)
 
 
-def test_two_vanished_ahead_of_a_live_one(net, ns_server):
+def test_two_vanished_ahead_of_a_live_one(net, ns_server, request):
     """fifo: two polls from an address that vanished, then a live one from
     another; the run reaches the live one, true, within the bound."""
     srv = ns_server(*confirm_args())
@@ -168,14 +171,14 @@ def test_two_vanished_ahead_of_a_live_one(net, ns_server):
     answer, took = dispatch(net, srv, "run_behind_two")
     got = received(live, bound)
     m = srv.metrics(Metrics)
-    print(f"\ntwo vanished ahead of a live one, confirm: {answer} in {took * 1000:.0f} ms"
-          f" (bound {bound:.1f} s); live poll got {got}")
+    impair.show(request, f"two vanished ahead of a live one, confirm: {answer} in"
+                         f" {took * 1000:.0f} ms (bound {bound:.1f} s); the live poll got {got}")
     assert answer is True and got == "run_behind_two", m.text
     assert took <= bound, took
     assert all(nothing_arrives(s, 0) for s in gone)
 
 
-def test_written_answers_true_for_a_vanished_controller(net, ns_server):
+def test_written_answers_true_for_a_vanished_controller(net, ns_server, request):
     """written's known limit, reported as what it is: the payload went into
     a live socket of a controller that had vanished, the answer is true,
     and nobody received the run."""
@@ -184,7 +187,8 @@ def test_written_answers_true_for_a_vanished_controller(net, ns_server):
     net.drop_ip(GONE_IP)
     answer, took = dispatch(net, srv, "run_into_the_void")
     void = nothing_arrives(gone, 1.0)
-    print(f"\nvanished, written: answered {answer} in {took * 1000:.1f} ms;"
-          f" received by nobody: {void} (written's known true for an unreceived run)")
+    impair.show(request, f"vanished, written: answered {answer} in {took * 1000:.1f} ms;"
+                         f" received by nobody: {void} (written's known true for a run"
+                         " nobody received)")
     assert answer is True and void, "written no longer answers true for a vanished controller:" \
         " update this test and docs/delivery.md"
