@@ -1,0 +1,799 @@
+"""impair.py -- the impaired-network harness: two network namespaces joined
+by pl-wire (tests/impair/wire.c), pilotlight and a dispatcher on one side,
+controllers on the other, and the bookkeeping that says, per run, which
+controllers got it and what the dispatcher was told.
+
+    S (server side): pilotlight on 0.0.0.0, SRV_IP on a TUN device; the
+        dispatcher reaches it over S's own loopback, so only the controllers'
+        path is impaired.
+    C (controller side): CTL_IPS on the other TUN device, so controllers can
+        come from distinct addresses (and one address can vanish alone).
+
+Controllers run as processes inside C and print one JSON line per event;
+{"ev": "run", "ctl": ID, "run": RUN_ID} is a receipt: that controller's
+client parsed the whole payload and would start the run. Two kinds come from
+here (`python3 impair.py controllers SPEC`): "keep" polls again on its
+connection after a run, "close" closes it and polls on a new one. Trigger.dev's
+own WarmStartClient runs from tests/compat/controllers.mjs.
+
+Standard library only, plus conftest's helpers. Everything made here is
+removed again: ImpairedNet is a context manager, and the wire exits with the
+process that started it.
+"""
+import ctypes
+import json
+import math
+import os
+import queue
+import random
+import re
+import select
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO_ROOT = HERE.parents[1]
+COMPAT = REPO_ROOT / "tests" / "compat"
+SRV_IP = "10.78.0.1"
+CTL_IPS = [f"10.78.1.{i}" for i in range(1, 9)]
+CLONE_NEWNET = 0x40000000
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+# --------------------------------------------------------------------------
+# Namespaces
+# --------------------------------------------------------------------------
+
+PR_SET_PDEATHSIG = 1
+
+
+def child_in(ns):
+    """A preexec_fn: the child runs in <ns> and is killed if the thread that
+    started it dies, so nothing outlives a test run that was killed."""
+    def setup():
+        _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        enter(ns)
+    return setup
+
+
+def enter(ns):
+    """Moves the calling thread into network namespace <ns>; sockets it
+    opens from then on belong there, whichever thread uses them later."""
+    fd = os.open(f"/var/run/netns/{ns}", os.O_RDONLY)
+    try:
+        if _libc.setns(fd, CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), f"setns into {ns}")
+    finally:
+        os.close(fd)
+
+
+def in_ns(ns, fn, *args, timeout=30):
+    """fn(*args) on a fresh thread inside <ns>; its value or its exception."""
+    out = {}
+
+    def run():
+        try:
+            enter(ns)
+            out["value"] = fn(*args)
+        except BaseException as e:  # handed to the caller
+            out["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(timeout)
+    if t.is_alive():
+        raise TimeoutError(f"{getattr(fn, '__name__', fn)} in {ns} took over {timeout} s")
+    if "error" in out:
+        raise out["error"]
+    return out.get("value")
+
+
+def why_unavailable():
+    """Why this machine cannot run the harness, or None if it can."""
+    if os.geteuid() != 0:
+        return "network namespaces and /dev/net/tun need root"
+    if shutil.which("ip") is None:
+        return "iproute2 (ip) is not installed"
+    try:
+        os.close(os.open("/dev/net/tun", os.O_RDWR))
+    except OSError as e:
+        return f"/dev/net/tun is not usable: {e}"
+    return None
+
+
+def wire_binary(server_bin):
+    """pl-wire from the build beside <server_bin> (or ./build); None if not built."""
+    if os.environ.get("PL_WIRE_BIN"):
+        return os.environ["PL_WIRE_BIN"]
+    real = os.environ.get("PL_VALGRIND_BIN", server_bin)
+    for d in (Path(real).resolve().parent, REPO_ROOT / "build"):
+        p = d / "tests" / "pl-wire"
+        if os.access(p, os.X_OK):
+            return str(p)
+    return None
+
+
+def _ip(*args):
+    p = subprocess.run(["ip"] + list(args), capture_output=True, text=True, timeout=10)
+    if p.returncode != 0:
+        raise RuntimeError(f"ip {' '.join(args)}: {p.stderr.strip()}")
+
+
+class Wire:
+    """A running pl-wire: one command a line, one answer a line."""
+
+    def __init__(self, binary, ns_a, dev_a, ns_b, dev_b, seed=1, max_runtime_s=900):
+        # The wire dies with the thread that starts it (PR_SET_PDEATHSIG
+        # follows the thread): start it from one that lives as long, such
+        # as the main thread.
+        self.proc = subprocess.Popen(
+            [binary, "--seed", str(seed), "--max-runtime-s", str(max_runtime_s),
+             ns_a, dev_a, ns_b, dev_b],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True, bufsize=1)
+        line = self._line(10)
+        if line != "ready":
+            err = self.proc.stderr.read() if self.proc.poll() is not None else ""
+            self.close()
+            raise RuntimeError(f"pl-wire did not start: {line!r} {err}")
+
+    def _line(self, timeout):
+        r, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        if not r:
+            raise TimeoutError("pl-wire did not answer")
+        return self.proc.stdout.readline().strip()
+
+    def cmd(self, line):
+        """Sends one command; returns the text after "ok"; raises on "error"."""
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        reply = self._line(5)
+        if not reply.startswith("ok"):
+            raise RuntimeError(f"pl-wire: {line!r} -> {reply!r}")
+        return reply[2:].strip()
+
+    def stats(self):
+        return {k: int(v) for k, v in (f.split("=") for f in self.cmd("stats").split())}
+
+    def close(self):
+        """Ends the wire; raises if it left a sanitizer report (an ASan
+        build of the suite builds the wire with ASan too)."""
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.close()  # end of input: the wire exits
+                self.proc.wait(5)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+        err = self.proc.stderr.read()
+        for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            try:
+                f.close()
+            except OSError:
+                pass
+        if any(mark in err for mark in ("Sanitizer", "runtime error:")):
+            raise AssertionError(f"pl-wire: sanitizer report:\n{err[-4000:]}")
+
+
+def sweep_namespaces():
+    """Deletes the namespaces a killed run of this harness left behind: ours
+    are named after the pid that made them, and that process is gone."""
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10)
+    for line in out.stdout.splitlines():
+        m = re.match(r"(pl-i[sc](\d+))\b", line)
+        if m and not os.path.exists(f"/proc/{m.group(2)}"):
+            subprocess.run(["ip", "netns", "del", m.group(1)], capture_output=True, timeout=10)
+
+
+class ImpairedNet:
+    """Namespaces S and C joined by a pl-wire; direction "ab" is S -> C.
+    Use as a context manager: namespaces and wire go away on exit, also
+    after a failure."""
+
+    def __init__(self, wire_bin, seed=1):
+        pid = os.getpid()
+        self.srv, self.ctl = f"pl-is{pid}", f"pl-ic{pid}"
+        self.srv_dev, self.ctl_dev = f"plis{pid}", f"plic{pid}"
+        self.wire = None
+        sweep_namespaces()
+        try:
+            _ip("netns", "add", self.srv)
+            _ip("netns", "add", self.ctl)
+            self.wire = Wire(wire_bin, self.srv, self.srv_dev, self.ctl, self.ctl_dev, seed)
+            for ns in (self.srv, self.ctl):
+                _ip("-n", ns, "link", "set", "lo", "up")
+            _ip("-n", self.srv, "addr", "add", f"{SRV_IP}/32", "dev", self.srv_dev)
+            for a in CTL_IPS:
+                _ip("-n", self.ctl, "addr", "add", f"{a}/32", "dev", self.ctl_dev)
+            _ip("-n", self.srv, "link", "set", self.srv_dev, "up")
+            _ip("-n", self.ctl, "link", "set", self.ctl_dev, "up")
+            _ip("-n", self.srv, "route", "add", "10.78.1.0/24", "dev", self.srv_dev,
+                "src", SRV_IP)
+            _ip("-n", self.ctl, "route", "add", "10.78.0.0/24", "dev", self.ctl_dev,
+                "src", CTL_IPS[0])
+        except BaseException:
+            self.remove()
+            raise
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.remove()
+
+    def remove(self):
+        wire, self.wire = self.wire, None
+        try:
+            if wire is not None:
+                wire.close()
+        finally:
+            for ns in (self.srv, self.ctl):
+                subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=10)
+
+    def shape(self, rtt_ms=0.0, jitter_ms=0.0, loss=0.0, ackloss=0.0, seed=1):
+        """Symmetric impairment: half the RTT each way, up to <jitter_ms>
+        more per packet, <loss> of all packets and <ackloss> of pure ACKs
+        lost in each direction; blackholes off, counters zeroed."""
+        w = self.wire
+        w.cmd(f"delay both {rtt_ms * 500:.0f}")
+        w.cmd(f"jitter both {jitter_ms * 1000:.0f}")
+        w.cmd(f"loss both {loss}")
+        w.cmd(f"ackloss both {ackloss}")
+        w.cmd("drop all off")
+        for a in CTL_IPS:
+            w.cmd(f"drop ip {a} off")
+        w.cmd(f"seed {seed}")
+        w.cmd("reset")
+
+    def drop_all(self, on=True):
+        self.wire.cmd(f"drop all {'on' if on else 'off'}")
+
+    def drop_ip(self, addr, on=True):
+        self.wire.cmd(f"drop ip {addr} {'on' if on else 'off'}")
+
+    def connect_rtt_ms(self, port, samples=5):
+        """The RTT the kernel measured over a handshake from C to the
+        server (TCP_INFO), median of <samples>: what the wire's settings
+        amount to, the wire's own wake-up latency included."""
+        def go():
+            out = []
+            for _ in range(samples):
+                s = socket.create_connection((SRV_IP, port), timeout=10)
+                info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
+                out.append(struct.unpack_from("I", info, 68)[0] / 1000)  # tcpi_rtt, us
+                s.close()
+            return sorted(out)[len(out) // 2]
+        return in_ns(self.ctl, go)
+
+
+# --------------------------------------------------------------------------
+# HTTP on raw sockets
+# --------------------------------------------------------------------------
+
+class Closed(Exception):
+    """The connection ended before a whole response; <partial> bytes came."""
+
+    def __init__(self, partial):
+        super().__init__(f"connection ended after {partial} bytes")
+        self.partial = partial
+
+
+def read_response(sock, buf=b""):
+    """Reads one response with a Content-Length (or none) from <sock>;
+    returns (status, body, rest of the buffer). Raises Closed."""
+    while b"\r\n\r\n" not in buf:
+        buf = _recv_more(sock, buf)
+    head, _, buf = buf.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split(" ", 2)[1])
+    length = 0
+    for ln in lines[1:]:
+        k, _, v = ln.partition(":")
+        if k.strip().lower() == "content-length":
+            length = int(v)
+    while len(buf) < length:
+        buf = _recv_more(sock, buf, len(head) + 4)
+    return status, buf[:length], buf[length:]
+
+
+def _recv_more(sock, buf, before=0):
+    try:
+        data = sock.recv(65536)
+    except (ConnectionResetError, BrokenPipeError):
+        data = b""
+    if not data:
+        raise Closed(before + len(buf))
+    return buf + data
+
+
+def poll_request(key, controller_id):
+    """A controller's long poll, with the headers the real client sends."""
+    dep, ver, cpu, mem = key
+    js = lambda v: str(int(v)) if float(v).is_integer() else repr(float(v))  # noqa: E731
+    return ("GET /warm-start HTTP/1.1\r\nHost: pilotlight\r\n"
+            f"x-trigger-workload-controller-id: {controller_id}\r\n"
+            f"x-trigger-deployment-id: {dep}\r\n"
+            f"x-trigger-deployment-version: {ver}\r\n"
+            f"x-trigger-machine-cpu: {js(cpu)}\r\n"
+            f"x-trigger-machine-memory: {js(mem)}\r\n"
+            "x-trigger-worker-instance-name: impaired-node\r\n\r\n").encode()
+
+
+def dispatch_body(message):
+    body = json.dumps({"dequeuedMessage": message}).encode()
+    return (b"POST /warm-start HTTP/1.1\r\nHost: pilotlight\r\n"
+            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+
+
+def answer_of(status, body):
+    """didWarmStart from a dispatch response; None for anything a
+    supervisor would not read as an answer."""
+    if status != 200:
+        return None
+    try:
+        v = json.loads(body).get("didWarmStart")
+    except ValueError:
+        return None
+    return v if isinstance(v, bool) else None
+
+
+# --------------------------------------------------------------------------
+# Server, dispatcher, controllers
+# --------------------------------------------------------------------------
+
+def ns_request(ns, port, raw, timeout=10):
+    """One request from inside <ns> to its loopback; (status, body)."""
+    def go():
+        s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        try:
+            s.sendall(raw)
+            status, body, _ = read_response(s)
+            return status, body
+        finally:
+            s.close()
+    return in_ns(ns, go)
+
+
+class Dispatcher:
+    """Dispatches from inside the server namespace, open loop: run i leaves
+    at start + i / rate whatever became of the earlier ones, as dequeued
+    runs do. Each worker keeps its connection (a supervisor's pool does)."""
+
+    def __init__(self, ns, port, workers=48, timeout=60):
+        self.ns, self.port, self.timeout = ns, port, timeout
+        self.jobs = queue.Queue()
+        self.results = {}  # run id -> (answer or None, latency s, error or None)
+        self.lock = threading.Lock()
+        self.threads = [threading.Thread(target=self._work, daemon=True) for _ in range(workers)]
+        for t in self.threads:
+            t.start()
+
+    def _work(self):
+        enter(self.ns)
+        sock, buf = None, b""
+        while True:
+            job = self.jobs.get()
+            if job is None:
+                break
+            run_id, raw = job
+            t0 = time.monotonic()
+            answer, err = None, None
+            try:
+                if sock is None:
+                    sock, buf = socket.create_connection(("127.0.0.1", self.port),
+                                                         timeout=self.timeout), b""
+                sock.sendall(raw)
+                status, body, buf = read_response(sock, buf)
+                answer = answer_of(status, body)
+                if answer is None:
+                    err = f"status {status} body {body[:200]!r}"
+            except (OSError, Closed) as e:
+                err = repr(e)
+                if sock is not None:
+                    sock.close()
+                sock = None
+            with self.lock:
+                self.results[run_id] = (answer, time.monotonic() - t0, err)
+        if sock is not None:
+            sock.close()
+
+    def run(self, jobs, rate):
+        """Sends [(run_id, message)] at <rate> a second; returns once every
+        one is answered (or failed), with self.results filled in."""
+        start = time.monotonic()
+        for i, (run_id, message) in enumerate(jobs):
+            delay = start + i / rate - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            self.jobs.put((run_id, dispatch_body(message)))
+        deadline = time.monotonic() + self.timeout
+        while time.monotonic() < deadline:
+            with self.lock:
+                if len(self.results) >= len(jobs):
+                    break
+            time.sleep(0.02)
+        return self.results
+
+    def close(self):
+        for _ in self.threads:
+            self.jobs.put(None)
+        for t in self.threads:
+            t.join(5)
+
+
+class NsServer:
+    """pilotlight inside the server namespace (conftest's Server does the
+    start, the log and the clean-exit checks)."""
+
+    def __init__(self, server_cls, ns, *args):
+        self.ns = ns
+        self.srv = server_cls(["--listen", "0.0.0.0:0"] + list(args), listen=False,
+                              preexec_fn=child_in(ns))
+        self.port = self.srv.port
+
+    def get(self, path):
+        return ns_request(self.ns, self.port,
+                          f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+
+    def metrics(self, metrics_cls):
+        status, body = self.get("/metrics")
+        assert status == 200, (status, body[:300])
+        return metrics_cls(body.decode())
+
+    def stop(self):
+        self.srv.stop()
+
+
+class ControllerProcess:
+    """A process of controllers inside C; collects the JSON lines it prints
+    (receipts and other events) as they come."""
+
+    def __init__(self, ns, argv):
+        self.events = []
+        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, bufsize=1,
+                                     preexec_fn=child_in(ns))
+        self.stderr_tail = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+        self.err_reader = threading.Thread(target=self._read_err, daemon=True)
+        self.err_reader.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            try:
+                self.events.append(json.loads(line))
+            except ValueError:
+                self.events.append({"ev": "noise", "line": line.strip()})
+
+    def _read_err(self):
+        for line in self.proc.stderr:
+            self.stderr_tail.append(line)
+            del self.stderr_tail[:-40]
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.reader.join(5)
+        self.err_reader.join(5)
+
+
+def raw_controllers(ns, port, controllers, work_ms, seed, max_runtime_s=300):
+    """Our own controllers ("keep" and "close"), one thread each, in C."""
+    spec = {"host": SRV_IP, "port": port, "controllers": controllers,
+            "work_ms": work_ms, "seed": seed, "max_runtime_s": max_runtime_s}
+    return ControllerProcess(ns, [sys.executable, str(Path(__file__).resolve()),
+                                  "controllers", json.dumps(spec)])
+
+
+def node_controllers(ns, port, controllers, work_ms, max_runtime_s=300):
+    """Trigger.dev's WarmStartClient, one per controller, in one node process in C."""
+    spec = {"url": f"http://{SRV_IP}:{port}", "controllers": controllers,
+            "work_ms": work_ms, "max_runtime_s": max_runtime_s}
+    return ControllerProcess(ns, [shutil.which("node"), str(COMPAT / "controllers.mjs"),
+                                  json.dumps(spec)])
+
+
+def ensure_node_modules():
+    """npm ci in tests/compat if @trigger.dev/core is missing; a reason
+    string when node or npm is not there, else None."""
+    if shutil.which("node") is None or shutil.which("npm") is None:
+        return "node/npm are not installed: the real WarmStartClient needs them"
+    if (COMPAT / "node_modules" / "@trigger.dev" / "core" / "package.json").exists():
+        return None
+    proc = subprocess.run([shutil.which("npm"), "ci", "--no-audit", "--no-fund"], cwd=COMPAT,
+                          capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"npm ci failed:\n{proc.stdout}\n{proc.stderr}")
+    return None
+
+
+# --------------------------------------------------------------------------
+# What a cell measured
+# --------------------------------------------------------------------------
+
+def percentile(sorted_values, p):
+    """Nearest-rank percentile of an ascending list (None if empty)."""
+    if not sorted_values:
+        return None
+    k = math.ceil(p / 100 * len(sorted_values)) - 1
+    return sorted_values[max(0, min(len(sorted_values) - 1, k))]
+
+
+def tally(run_ids, answers, receipts):
+    """The figures of one cell. <answers>: run id -> (answer, latency s,
+    error); <receipts>: [(controller id, run id)].
+
+    duplicates: runs that reached two controllers or more (or one twice);
+    excess: starts beyond what the answer allows, summed over the runs (a
+    true run may start once, a false one is cold-started by the supervisor
+    and may start no time warm);
+    false_received: answered false, yet a controller got the run;
+    true_unreceived: answered true, and no controller got it;
+    lost: no controller got it and the dispatcher was not told false: a
+    true, or no answer at all (a supervisor waits on a dispatch with no
+    timeout of its own);
+    errors: dispatches without a well-formed answer;
+    stray: receipts for runs never dispatched (a harness fault)."""
+    got = {}
+    for ctl, run in receipts:
+        got.setdefault(run, []).append(ctl)
+    f = {"dispatches": len(run_ids), "true": 0, "false": 0, "errors": 0, "duplicates": 0,
+         "excess": 0, "false_received": 0, "true_unreceived": 0, "lost": 0,
+         "stray": sum(1 for r in got if r not in answers)}
+    lat = []
+    for run in run_ids:
+        answer, latency, _ = answers.get(run, (None, None, "no result"))
+        n = len(got.get(run, ()))
+        f["true" if answer is True else "false" if answer is False else "errors"] += 1
+        f["duplicates"] += n >= 2
+        f["excess"] += max(0, n - (answer is True))
+        f["false_received"] += answer is False and n >= 1
+        f["true_unreceived"] += answer is True and n == 0
+        f["lost"] += answer is not False and n == 0
+        if answer is not None:
+            lat.append(latency * 1000)
+    lat.sort()
+    for p in (50, 90, 99):
+        f[f"p{p}_ms"] = percentile(lat, p)
+    return f
+
+
+# --------------------------------------------------------------------------
+# One cell of the matrix
+# --------------------------------------------------------------------------
+
+def key_of(k):
+    return (f"deployment_imp{k}", "20261130.1", 0.5, 1)
+
+
+def fleet(keys, per_key, node_keys=()):
+    """Controller specs: <per_key> controllers on each of <keys> keys; keys
+    in <node_keys> get the real WarmStartClient, the others our raw ones,
+    alternately "keep" and "close", spread over the controller addresses.
+    Returns (raw specs, node specs)."""
+    raw, node = [], []
+    for k in range(keys):
+        for j in range(per_key):
+            if k in node_keys:
+                node.append({"id": f"ctl_node_k{k}_{j}", "key": key_of(k)})
+            else:
+                kind = "keep" if j % 2 == 0 else "close"
+                raw.append({"id": f"ctl_{kind}_k{k}_{j}", "key": key_of(k), "kind": kind,
+                            "bind": CTL_IPS[(k * per_key + j) % len(CTL_IPS)]})
+    return raw, node
+
+
+def metric_family(m, name, label):
+    """{label value: count} of one counter family (empty if absent)."""
+    out = {}
+    for (n, labels), v in m.samples.items():
+        if n == name and v:
+            out[dict(labels).get(label, "")] = int(v)
+    return out
+
+
+def run_cell(net, mode, server_args=(), *, rtt_ms=0.0, jitter_ms=0.0, loss=0.0, ackloss=0.0,
+             keys=4, per_key=10, node_keys=(), dispatches=150, rate=25.0,
+             work_ms=(500, 1500), seed=1, tag="cell"):
+    """Runs one cell: shapes the wire, starts pilotlight in S with
+    --delivery <mode>, the fleet in C, <dispatches> runs with unique ids at
+    <rate> a second round-robin over the keys; waits for the receipts; stops
+    everything. Returns a dict: tally()'s figures for all runs, "by_group"
+    (the same for runs of raw and of node keys), the measured connect RTT,
+    the wire's and the broker's counters, and the wall time."""
+    from conftest import EXAMPLE, Metrics, Server  # the suite's helpers
+
+    wall = time.monotonic()
+    net.shape(rtt_ms=rtt_ms, jitter_ms=jitter_ms, loss=loss, ackloss=ackloss, seed=seed)
+    srv = NsServer(Server, net.srv, "--delivery", mode, *server_args)
+    procs, disp = [], None
+    try:
+        measured_rtt = net.connect_rtt_ms(srv.port)
+        raw, node = fleet(keys, per_key, node_keys)
+        if raw:
+            procs.append(raw_controllers(net.ctl, srv.port, raw, work_ms, seed))
+        if node:
+            procs.append(node_controllers(net.ctl, srv.port, node, work_ms))
+        want = len(raw) + len(node)
+        deadline = time.monotonic() + 30
+        while srv.metrics(Metrics).parked_now < want:
+            if time.monotonic() > deadline or any(p.proc.poll() is not None for p in procs):
+                tails = "".join("".join(p.stderr_tail) for p in procs)
+                raise AssertionError(f"{want} controllers did not park; stderr:\n{tails[-3000:]}")
+            time.sleep(0.1)
+
+        jobs, group = [], {}
+        for i in range(dispatches):
+            k = i % keys
+            dep, ver, cpu, mem = key_of(k)
+            msg = json.loads(json.dumps(EXAMPLE))
+            msg["deployment"]["friendlyId"] = dep
+            msg["backgroundWorker"]["version"] = ver
+            msg["run"]["machine"]["cpu"], msg["run"]["machine"]["memory"] = cpu, mem
+            run_id = f"run_{tag}_{i:04d}"
+            msg["run"]["id"], msg["run"]["friendlyId"] = run_id[4:], run_id
+            jobs.append((run_id, msg))
+            group[run_id] = "node" if k in node_keys else "raw"
+        disp = Dispatcher(net.srv, srv.port)
+        answers = disp.run(jobs, rate)
+
+        def receipts():
+            return [(e["ctl"], e["run"]) for p in procs for e in list(p.events)
+                    if e.get("ev") == "run"]
+        # A true run's payload may still be on its way: wait for it, then a
+        # little more for a late second copy of anything.
+        trues = {r for r, (a, _, _) in answers.items() if a is True}
+        deadline = time.monotonic() + 5 + rtt_ms / 100
+        while trues - {r for _, r in receipts()} and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(1 + 4 * rtt_ms / 1000)
+        m = srv.metrics(Metrics)
+    finally:
+        if disp is not None:
+            disp.close()
+        for p in procs:
+            p.stop()
+        srv.stop()
+    got = receipts()
+    run_ids = [r for r, _ in jobs]
+    figures = tally(run_ids, answers, got)
+    figures["by_group"] = {g: tally([r for r in run_ids if group[r] == g], answers,
+                                    [(c, r) for c, r in got if group.get(r) == g])
+                           for g in sorted(set(group.values()))}
+    figures["rtt_ms"] = measured_rtt
+    figures["wire"] = net.wire.stats()
+    figures["broker"] = {"dispatch": metric_family(m, "pilotlight_dispatch_total", "result"),
+                         "confirm": metric_family(m, "pilotlight_confirm_total", "outcome"),
+                         "settled": metric_family(m, "pilotlight_settled_total", "outcome")}
+    figures["events"] = {}
+    for p in procs:
+        for e in p.events:
+            if e.get("ev") not in ("run", "polling"):
+                figures["events"][e["ev"]] = figures["events"].get(e["ev"], 0) + 1
+    figures["wall_s"] = time.monotonic() - wall
+    return figures
+
+
+def show(request, text):
+    """Writes <text> to the terminal even while pytest captures output, so
+    a plain run shows the figures, passing or not (<request>: the test's)."""
+    tr = request.config.pluginmanager.getplugin("terminalreporter")
+    cm = request.config.pluginmanager.getplugin("capturemanager")
+    if tr is None or cm is None:
+        print(text)
+        return
+    with cm.global_and_fixture_disabled():
+        tr.write_line("")
+        for line in text.splitlines():
+            tr.write_line(line)
+
+
+def describe(f):
+    """One cell's figures in one paragraph."""
+    def ms(v):
+        return "-" if v is None else f"{v:.1f}"
+    w = f["wire"]
+    lines = [
+        f"{f['dispatches']} dispatches: {f['true']} true, {f['false']} false, {f['errors']} errors;"
+        f" duplicates {f['duplicates']}, false-received {f['false_received']},"
+        f" true-unreceived {f['true_unreceived']}, lost {f['lost']};"
+        f" starts beyond the answer {f['excess']}",
+        f"  latency p50/p90/p99 {ms(f['p50_ms'])}/{ms(f['p90_ms'])}/{ms(f['p99_ms'])} ms;"
+        f" connect RTT {f['rtt_ms']:.2f} ms; wall {f['wall_s']:.1f} s"]
+    for g, gf in f.get("by_group", {}).items():
+        lines.append(f"  {g} keys: {gf['dispatches']} dispatches, {gf['true']} true;"
+                     f" duplicates {gf['duplicates']}, false-received {gf['false_received']},"
+                     f" true-unreceived {gf['true_unreceived']}, lost {gf['lost']}")
+    lines.append(f"  wire: {w['ab_in'] + w['ba_in']} packets, lost {w['ab_lost'] + w['ba_lost']},"
+                 f" pure ACKs lost {w['ab_acklost'] + w['ba_acklost']} of"
+                 f" {w['ab_acks'] + w['ba_acks']}, overflow {w['ab_full'] + w['ba_full']};"
+                 f" broker: {f['broker']}; controller events: {f['events']}")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------
+# Raw controllers, as a program (runs inside C)
+# --------------------------------------------------------------------------
+
+_out_lock = threading.Lock()
+
+
+def _emit(**event):
+    line = json.dumps(event)
+    with _out_lock:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+
+def _raw_controller(spec, c):
+    """One controller: poll, take a run, work, poll again. "keep" polls
+    again on its connection; "close" closes it after each run."""
+    rng = random.Random(f"{spec['seed']}/{c['id']}")
+    lo, hi = spec["work_ms"]
+    key, sock, buf, first = tuple(c["key"]), None, b"", True
+    while True:
+        try:
+            if sock is None:
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sock.bind((c["bind"], 0))
+                sock.connect((spec["host"], spec["port"]))
+                buf = b""
+            sock.sendall(poll_request(key, c["id"]))
+            if first:
+                _emit(ev="polling", ctl=c["id"])
+                first = False
+            status, body, buf = read_response(sock, buf)
+        except (OSError, Closed) as e:
+            # The broker reset or closed the connection before a whole
+            # response: the client has nothing to act on; poll again.
+            _emit(ev="ended", ctl=c["id"], why=repr(e))
+            if sock is not None:
+                sock.close()
+            sock = None
+            time.sleep(0.05)
+            continue
+        if status == 204:
+            continue
+        if status != 200:
+            _emit(ev="status", ctl=c["id"], status=status)
+            time.sleep(0.2)
+            continue
+        try:
+            run = json.loads(body)["run"]["friendlyId"]
+        except (ValueError, KeyError, TypeError):
+            _emit(ev="bad_payload", ctl=c["id"], body=body[:200].decode("latin-1"))
+            continue
+        _emit(ev="run", ctl=c["id"], run=run, t=time.time())
+        if c["kind"] == "close":
+            sock.close()
+            sock = None
+        time.sleep(rng.uniform(lo, hi) / 1000)
+
+
+def _controllers_main(spec):
+    # SIGTERM ends us where we stand: every receipt is already printed.
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    for c in spec["controllers"]:
+        threading.Thread(target=_raw_controller, args=(spec, c), daemon=True).start()
+    time.sleep(spec["max_runtime_s"])
+    os._exit(3)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "controllers":
+        _controllers_main(json.loads(sys.argv[2]))
+    else:
+        sys.exit("usage: impair.py controllers SPEC_JSON")

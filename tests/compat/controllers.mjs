@@ -1,0 +1,79 @@
+// controllers.mjs -- many idle run controllers in one process, each
+// Trigger.dev's real WarmStartClient, for the impaired-network tests
+// (tests/blackbox/impair.py).
+//
+// Usage: node controllers.mjs SPEC_JSON
+//   SPEC: {"url": BASE_URL, "controllers": [{"id", "key": [deployment,
+//          version, cpu, memory]}], "work_ms": [MIN, MAX], "max_runtime_s": S}
+//
+// Each controller calls /connect once, then loops as a warm container does:
+// long-poll with warmStart(), "work" MIN..MAX ms on the run it got, poll
+// again. One JSON line on stdout per event; {"ev":"run","ctl","run"} is a
+// receipt: the client returned the parsed run, so the controller would start
+// it. Ends on SIGTERM or after max_runtime_s.
+
+import { WarmStartClient } from "@trigger.dev/core/v3/workers";
+
+// The client logs through console.*; stdout carries only our events.
+for (const k of ["log", "info", "debug", "warn"]) console[k] = console.error;
+
+function emit(event) {
+  process.stdout.write(JSON.stringify(event) + "\n");
+}
+
+function sleep(ms) {
+  return new Promise((r) => setTimeout(r, ms));
+}
+
+async function controller(spec, c) {
+  const [deploymentId, deploymentVersion, cpu, memory] = c.key;
+  const client = new WarmStartClient({
+    apiUrl: new URL(spec.url),
+    controllerId: c.id,
+    deploymentId,
+    deploymentVersion,
+    machineCpu: String(cpu),
+    machineMemory: String(memory),
+  });
+  const connect = await client.connect();
+  if (!connect.success) {
+    emit({ ev: "connect_failed", ctl: c.id, error: String(connect.error) });
+    return;
+  }
+  const connectionTimeoutMs = connect.data.connectionTimeoutMs ?? 30_000;
+  const keepaliveMs = connect.data.keepaliveMs ?? 300_000;
+  const [lo, hi] = spec.work_ms;
+  let first = true;
+  for (;;) {
+    const poll = client.warmStart({ workerInstanceName: "impaired-node", connectionTimeoutMs, keepaliveMs });
+    if (first) {
+      emit({ ev: "polling", ctl: c.id });
+      first = false;
+    }
+    let run;
+    try {
+      run = await poll;
+    } catch (e) {
+      // A payload that fails the client's schema: the real controller exits.
+      emit({ ev: "client_error", ctl: c.id, error: String(e) });
+      return;
+    }
+    if (!run) {
+      emit({ ev: "no_run", ctl: c.id });
+      continue;
+    }
+    emit({ ev: "run", ctl: c.id, run: run.run.friendlyId, t: Date.now() / 1000 });
+    await sleep(lo + Math.random() * (hi - lo));
+  }
+}
+
+const spec = JSON.parse(process.argv[2] ?? "null");
+if (!spec?.url || !Array.isArray(spec.controllers)) {
+  console.error("usage: node controllers.mjs SPEC_JSON");
+  process.exit(2);
+}
+process.on("SIGTERM", () => process.exit(0));
+setTimeout(() => process.exit(3), spec.max_runtime_s * 1000);
+for (const c of spec.controllers) {
+  controller(spec, c).catch((e) => emit({ ev: "crashed", ctl: c.id, error: String(e?.stack ?? e) }));
+}
