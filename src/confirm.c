@@ -128,6 +128,8 @@ struct rec {
     uint64_t sent_ns;     /* a reported attempt's write, for the histogram */
     uint64_t turn;        /* a swept attempt's loop turn */
     uint64_t waited_ms;   /* how long the attempt's poll had been parked */
+    uint64_t left_at;     /* its whole payload was first seen to have left,
+                           * at this time; 0 until then */
     pl_confirm_outcome last; /* how the last failed attempt ended */
     unsigned how : 2;     /* HOW_* */
     unsigned late : 1;    /* past late_at: the kernel was asked */
@@ -340,6 +342,7 @@ static void attempt_begin(pl_confirm *cf, rec *r, const pl_delivery *d, uint64_t
     r->written = now;
     r->late_at = now + late_ms(cf);
     r->late = r->overdue = r->swept = 0;
+    r->left_at = 0;
     pl_conn_set_owner(r->controller, r, &controller_owner);
     pl_conn_hold(r->controller);
     how = pl_conn_expect_ack(r->controller);
@@ -517,7 +520,8 @@ static int gather(const rec *r, uint64_t now, pl_confirm_facts *f, pl_conn_tcp *
     f->rttvar_us = t->rttvar_us;
     f->rto_us = t->rto_us;
     /* The last data segment to leave, unless retransmitted since, was the
-     * run's last: a retransmission only makes this later, the wait longer. */
+     * run's last: a retransmission before the first look only makes this
+     * later, the wait longer. */
     f->left_at = now > t->since_sent_ms ? now - t->since_sent_ms : 0;
     if (f->left_at < r->written)
         f->left_at = r->written;
@@ -561,8 +565,22 @@ static void decide(pl_confirm *cf, rec *r, uint64_t now, int final)
         action = PL_CONFIRM_UNDECIDED;
         why = PL_CONFIRM_RESET_AFTER_SEND;
     } else {
+        /* The first look that finds it all sent dates its departure: the
+         * retransmissions that follow must not move the wait's end. */
+        if (!f.unsent && r->left_at == 0)
+            r->left_at = f.left_at;
+        if (!f.unsent)
+            f.left_at = r->left_at;
         times.others = f.unsent && pl_engine_waiting(cf->engine, &r->msg.key) > 0;
         action = pl_confirm_decide(&f, &times, now, &until, &why);
+        PL_LOG(PL_LOG_DEBUG, "delivery looked at",
+               "\"action\":%d,\"unacked\":%u,\"unsent\":%u,\"fin\":%d,\"closed\":%d,"
+               "\"rtt_us\":%u,\"rttvar_us\":%u,\"rto_us\":%u,\"since_sent_ms\":%u,"
+               "\"wait_ms\":%llu,\"age_ms\":%llu",
+               (int)action, t.unacked, t.unsent, f.fin, t.closed, t.rtt_us, t.rttvar_us,
+               t.rto_us, t.since_sent_ms,
+               (unsigned long long)pl_confirm_wait_ms(&f, cf->opts.wait_max_ms),
+               (unsigned long long)(now - r->written));
     }
     if (action == PL_CONFIRM_WAIT && final) {
         action = f.unsent ? PL_CONFIRM_RETRY : PL_CONFIRM_UNDECIDED;
