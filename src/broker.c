@@ -21,6 +21,11 @@
 #define METRICS_BUFFER_SIZE 32768
 #define LAG_PERIOD_MS 100 /* event-loop lag samples: ten a second */
 
+/* A dispatch read at most this long after it arrived: its sender cannot
+ * have waited long enough to give up on it. A busy loop then asks the
+ * kernel nothing about its dispatchers; a quiet or stalled one does. */
+#define STALE_MS 50
+
 static const char json_type[] = "application/json";
 
 /* One listener's view of the broker: the <app> of its pl_http. */
@@ -348,19 +353,23 @@ typedef struct {
 } dispatch_vet;
 
 /* Before the run goes to its first poll: a dispatcher that has gone (its
- * FIN or reset waits in the socket) gave up, and will cold-start the run
- * itself. Then, under confirm, the polls known to be suspect go last. */
+ * FIN or reset read, or waiting in a socket whose request may have waited
+ * long) gave up, and will cold-start the run itself. Then, under confirm,
+ * the polls known to be suspect go last. */
 static int vet_poll(void *owner, void *arg)
 {
     dispatch_vet *v = arg;
+    pl_broker *b = v->b;
 
     if (!v->asked) {
         v->asked = 1;
-        if (pl_conn_peer_gone(v->dispatcher))
+        if (pl_conn_peer_eof(v->dispatcher) ||
+            (pl_conn_read_delay_max(v->dispatcher) > STALE_MS &&
+             pl_conn_peer_gone(v->dispatcher)))
             return PL_VET_STOP;
     }
-    if (v->b->cfg->delivery == PL_DELIVERY_CONFIRM)
-        return pl_confirm_vet(v->b->confirm, owner);
+    if (b->cfg->delivery == PL_DELIVERY_CONFIRM)
+        return pl_confirm_vet(b->confirm, owner);
     return PL_VET_OFFER;
 }
 

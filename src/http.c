@@ -122,6 +122,9 @@ struct pl_http {
     uint64_t peak; /* most connections since memory was last trimmed */
     uint64_t low;  /* connections at that trim (0 before any) */
     uint64_t last_accept_error;
+    /* Loop times of the last two reads a millisecond apart or more: bytes
+     * read now arrived after the poll that returned the earlier one. */
+    uint64_t read_ms, prev_read_ms;
     uint64_t refused[PL_HTTP_REFUSED__COUNT];
     int spare_fd;            /* given up to shed connections at EMFILE */
     uv_timer_t accept_timer; /* resumes accepting after ACCEPT_PAUSE_MS */
@@ -716,8 +719,13 @@ static int held_data(pl_conn *c, const char *data, size_t len)
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 {
     pl_conn *c = container_of(s, pl_conn, tcp);
+    pl_http *h = conn_http(c);
     size_t used;
 
+    if (uv_now(h->loop) != h->read_ms) {
+        h->prev_read_ms = h->read_ms;
+        h->read_ms = uv_now(h->loop);
+    }
     if (nread == UV_EOF && c->pending && c->eof_holds) {
         /* A half-close after a request whose answer waits: it is still
          * answered (then the connection closes); nothing more is read. */
@@ -925,6 +933,21 @@ void pl_conn_probe(pl_conn *c)
 int pl_conn_ended(const pl_conn *c)
 {
     return c->ended;
+}
+
+uint64_t pl_conn_read_delay_max(const pl_conn *c)
+{
+    const pl_http *h = conn_http(c);
+
+    /* A poll that returned any read of this server's saw every socket
+     * that had bytes then (level-triggered, one batch): what is read later
+     * came after it. */
+    return uv_now(h->loop) - h->prev_read_ms;
+}
+
+int pl_conn_peer_eof(const pl_conn *c)
+{
+    return c->closing || c->peer_eof;
 }
 
 int pl_conn_peer_gone(const pl_conn *c)

@@ -156,6 +156,15 @@ int pl_conn_ended(const pl_conn *c);
  * one before the loop gets to its EOF. */
 int pl_conn_peer_gone(const pl_conn *c);
 
+/* 1 when <c>'s peer is known to have ended or half-closed it (read, no
+ * system call). */
+int pl_conn_peer_eof(const pl_conn *c);
+
+/* The most the bytes just read on <c> can have waited in the kernel before
+ * they were read, in milliseconds: how long ago an earlier loop turn read
+ * anything (a busy loop: about a turn; a quiet or stalled one: longer). */
+uint64_t pl_conn_read_delay_max(const pl_conn *c);
+
 /* The request pending on <c> outlives a half-close: should the peer's EOF
  * arrive first, reading stops, the answer (and any pipelined ones) is still
  * sent, then <c> closes. For the current request only: a parked poll's EOF

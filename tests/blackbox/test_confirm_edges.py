@@ -25,6 +25,17 @@ def method(m, name):
     return m.get("pilotlight_confirm_method_total", method=name)
 
 
+def wait_stopped(pid):
+    """Until the process <pid> is stopped (a signal is delivered a moment
+    after it is sent)."""
+    for _ in range(500):
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] in ("T", "t"):
+                return
+        time.sleep(0.002)
+    raise AssertionError(f"process {pid} did not stop")
+
+
 def dispatch_request(msg):
     return build_request("POST", "/warm-start", {"Content-Type": "application/json"},
                          json.dumps({"dequeuedMessage": msg}))
@@ -66,6 +77,7 @@ def test_a_dispatch_whose_sender_has_gone_is_not_delivered(start_server, ending)
     # loop was held up: stopped, the process cannot read in between.
     srv.proc.send_signal(signal.SIGSTOP)
     try:
+        wait_stopped(srv.proc.pid)
         d.sock.sendall(dispatch_request(stale))
         time.sleep(0.05)
         if ending == "fin":
