@@ -75,7 +75,7 @@ static void waiter_conn_closed(void *obj, pl_conn *c)
     pl_engine_settle(conn_broker(c)->engine, obj, PL_OUTCOME_DISCONNECT);
 }
 
-static const pl_conn_owner waiter_owner = {waiter_conn_closed, NULL};
+static pl_conn_owner waiter_owner = {waiter_conn_closed, NULL, 0};
 
 /* The engine's settle callback: the one place a parked poll is answered. */
 static int on_settle(void *owner, pl_outcome outcome, const void *arg)

@@ -169,8 +169,8 @@ static void controller_closed(void *obj, pl_conn *c);
 static void controller_event(void *obj, pl_conn *c, int ev);
 static void dispatcher_closed(void *obj, pl_conn *c);
 
-static const pl_conn_owner controller_owner = {controller_closed, controller_event};
-static const pl_conn_owner dispatcher_owner = {dispatcher_closed, NULL};
+static pl_conn_owner controller_owner = {controller_closed, controller_event, 0};
+static pl_conn_owner dispatcher_owner = {dispatcher_closed, NULL, 0};
 
 static size_t rec_size(const rec *r)
 {

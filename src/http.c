@@ -703,16 +703,22 @@ static void held_end(pl_conn *c, ssize_t nread)
     conn_event(c, PL_CONN_EV_END);
 }
 
-/* Bytes for a held <c>: kept, bounded, for when it is let go; its owner is
- * told they came. Returns -1 when the connection was closed. */
+/* Bytes for a held <c>: its owner is told they came (and may let it go:
+ * then they are read as they are), else they are kept, bounded, for when
+ * it is let go. Returns 1 when <c> was let go and holds nothing older, 0
+ * when the bytes were kept, -1 when the connection was closed. */
 static int held_data(pl_conn *c, const char *data, size_t len)
 {
+    conn_event(c, PL_CONN_EV_DATA);
+    if (c->closing)
+        return -1;
+    if (!c->held && c->in.len == 0)
+        return 1;
     if (c->in.len + len > conn_http(c)->limits.max_header_bytes ||
         pl_buf_append(&c->in, data, len) != 0) {
         conn_close(c);
         return -1;
     }
-    conn_event(c, PL_CONN_EV_DATA);
     return 0;
 }
 
@@ -758,13 +764,16 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     if (nread == 0 || c->finishing || c->closing)
         return; /* lingering: drop what arrives */
     if (c->held) {
-        if (held_data(c, buf->base, (size_t)nread) != 0 || c->held)
+        int rc = held_data(c, buf->base, (size_t)nread);
+        if (rc < 0 || c->held)
             return;
-        /* let go while told (its request carried the ACK): read what it
-         * kept now rather than on the next turn */
+        /* let go while told (its request carried the ACK): read it now
+         * rather than on the next turn */
         list_remove(c);
-        conn_process_buffered(c);
-        return;
+        if (rc == 0) {
+            conn_process_buffered(c);
+            return;
+        }
     }
     if (c->pending || c->in.len > 0) {
         /* Pipelined behind an unanswered request: keep it, bounded. */
@@ -1057,27 +1066,24 @@ static void conn_event(pl_conn *c, int ev)
         o->on_event(c->data, c, ev);
 }
 
-void pl_conn_set_owner(pl_conn *c, void *obj, const pl_conn_owner *ops)
+void pl_conn_set_owner(pl_conn *c, void *obj, pl_conn_owner *ops)
 {
-    unsigned i = 1;
-
     if (obj == NULL || ops == NULL) {
         c->data = NULL;
         c->owner = 0;
         return;
     }
-    while (i < OWNERS_MAX && owners[i] != NULL && owners[i] != ops)
-        i++;
-    /* a handful of kinds, all known at build time */
-    PL_ASSERT(i < OWNERS_MAX);
-    owners[i] = ops;
+    if (ops->slot == 0) {
+        unsigned i = 1;
+        while (i < OWNERS_MAX && owners[i] != NULL)
+            i++;
+        /* a handful of kinds, all known at build time */
+        PL_ASSERT(i < OWNERS_MAX);
+        owners[i] = ops;
+        ops->slot = i;
+    }
     c->data = obj;
-    c->owner = i & 7;
-}
-
-void *pl_conn_owner_obj(const pl_conn *c, const pl_conn_owner *ops)
-{
-    return c->owner != 0 && owners[c->owner] == ops ? c->data : NULL;
+    c->owner = ops->slot & 7;
 }
 
 void pl_conn_hold(pl_conn *c)

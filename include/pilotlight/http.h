@@ -45,6 +45,8 @@ typedef struct {
     void (*on_close)(void *obj, pl_conn *c);
     /* PL_CONN_EV_* on <c>. Optional. */
     void (*on_event)(void *obj, pl_conn *c, int ev);
+    /* The transport's: where it keeps this kind (0 until first used). */
+    unsigned slot;
 } pl_conn_owner;
 
 typedef struct {
@@ -229,12 +231,10 @@ void pl_conn_set_tag(pl_conn *c, unsigned tag);
  * them past the call without copying. Returns 0, or -1 when there are none. */
 int pl_conn_take_request(pl_conn *c, pl_buf *out);
 
-/* Makes <obj> the owner of <c>, with <ops> (a static table; a process
- * has at most seven kinds of owner); NULL clears it. */
-void pl_conn_set_owner(pl_conn *c, void *obj, const pl_conn_owner *ops);
-
-/* <c>'s owner object when it is one of <ops>'s, else NULL. */
-void *pl_conn_owner_obj(const pl_conn *c, const pl_conn_owner *ops);
+/* Makes <obj> the owner of <c>, with <ops> (a static table that lives as
+ * long as the process; a process has at most seven kinds of owner); NULL
+ * clears it. */
+void pl_conn_set_owner(pl_conn *c, void *obj, pl_conn_owner *ops);
 
 /* Clears <c>'s owner, as the end of what held it open, and lets go of a
  * held <c>: what arrived while it was held is read now; one its peer ended
