@@ -156,9 +156,13 @@ typedef struct {
 /* Parses Prometheus text into <l>. */
 void lg_ledger_parse(const char *text, size_t len, lg_ledger_t *l);
 
-/* ---- the driver (loadgen.c) ----------------------------------------- */
+/* ---- the loop driver (lg_run.c) ------------------------------------- */
 
 extern uv_loop_t *lg_loop;
+/* Sets up the loop and the connections for <o> (which must outlive the run);
+ * lg_run_stop() closes what it started. */
+void lg_run_start(const lg_opts_t *o);
+void lg_run_stop(void);
 uint64_t lg_now(void);
 /* Runs the loop for <secs>; with <pace> set, calls it between iterations. */
 void lg_run_for(double secs, void (*pace)(void));
@@ -167,7 +171,11 @@ int lg_run_until(volatile long *flag, long want, double secs);
 /* A blocking GET on a fresh connection: returns the status (or <0) and
  * copies up to <cap> bytes of the body. */
 int lg_http_get(const char *path, char *body, size_t cap, double timeout_s);
-/* Scrapes /metrics. Returns 0 when parsed. */
+/* Output helpers: a row of the human table. */
+void lg_row(const lg_opts_t *o, const char *name, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Scrapes /metrics (lg_stats.c). Returns 0 when parsed. */
 int lg_scrape(lg_ledger_t *l);
 
 /* The scenarios (lg_cycle.c, lg_idle.c). Each prints its table and JSON line
@@ -176,9 +184,5 @@ int lg_scenario_cycle(const lg_opts_t *o);
 int lg_scenario_scale(const lg_opts_t *o);
 int lg_scenario_idle(const lg_opts_t *o);
 int lg_scenario_churn(const lg_opts_t *o);
-
-/* Output helpers: a row of the human table. */
-void lg_row(const lg_opts_t *o, const char *name, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
 
 #endif

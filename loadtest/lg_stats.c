@@ -187,3 +187,13 @@ void lg_ledger_parse(const char *text, size_t len, lg_ledger_t *l)
   }
   l->ok = l->ok == 7;
 }
+
+int lg_scrape(lg_ledger_t *l)
+{
+  static char text[65536];
+  memset(l, 0, sizeof(*l));
+  if (lg_http_get("/metrics", text, sizeof(text), 5.0) != 200)
+    return -1;
+  lg_ledger_parse(text, strlen(text), l);
+  return l->ok ? 0 : -1;
+}

@@ -3,131 +3,11 @@
 #include <errno.h>
 #include <getopt.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include "lg.h"
-
-uv_loop_t *lg_loop;
-
-uint64_t lg_now(void)
-{
-  return uv_hrtime();
-}
-
-void lg_run_for(double secs, void (*pace)(void))
-{
-  uint64_t end = lg_now() + (uint64_t)(secs * 1e9);
-  while (lg_now() < end) {
-    if (pace != NULL) {
-      uv_run(lg_loop, UV_RUN_NOWAIT);
-      pace();
-    } else {
-      uv_run(lg_loop, UV_RUN_ONCE);
-    }
-  }
-}
-
-int lg_run_until(volatile long *flag, long want, double secs)
-{
-  uint64_t end = lg_now() + (uint64_t)(secs * 1e9);
-  while (lg_now() < end) {
-    if (want == 0 ? *flag <= 0 : *flag >= want)
-      return 1;
-    uv_run(lg_loop, UV_RUN_ONCE);
-  }
-  return want == 0 ? *flag <= 0 : *flag >= want;
-}
-
-/* A 10 ms ticker so UV_RUN_ONCE never sleeps past a deadline. */
-static uv_timer_t ticker;
-static void tick_cb(uv_timer_t *t)
-{
-  (void)t;
-}
-
-static const lg_opts_t *g_opts;
-static long get_done;
-static int get_status;
-static char *get_body;
-static size_t get_cap;
-
-static void get_resp(lg_conn_t *c, int status, const char *body, size_t len)
-{
-  get_status = status;
-  if (get_body != NULL && get_cap > 0) {
-    size_t n = len < get_cap - 1 ? len : get_cap - 1;
-    memcpy(get_body, body, n);
-    get_body[n] = '\0';
-  }
-  lg_conn_close(c);
-}
-
-static void get_connected(lg_conn_t *c, int err)
-{
-  char req[512];
-  if (err != 0) {
-    get_status = err;
-    return;
-  }
-  size_t n = lg_req_get(g_opts, req, sizeof(req), (const char *)c->ud);
-  lg_conn_send(c, req, n);
-}
-
-static void get_closed(lg_conn_t *c)
-{
-  (void)c;
-  get_done = 1;
-}
-
-int lg_http_get(const char *path, char *body, size_t cap, double timeout_s)
-{
-  static lg_conn_t c;
-  memset(&c, 0, sizeof(c));
-  c.on_resp = get_resp;
-  c.on_connect = get_connected;
-  c.on_close = get_closed;
-  c.ud = (void *)path;
-  get_done = 0;
-  get_status = -1;
-  get_body = body;
-  get_cap = cap;
-  if (body != NULL && cap > 0)
-    body[0] = '\0';
-  if (lg_conn_connect(&c, 0) != 0)
-    return -1;
-  if (!lg_run_until(&get_done, 1, timeout_s)) {
-    lg_conn_close(&c);
-    lg_run_until(&get_done, 1, 1.0);
-    get_status = -1;
-  }
-  lg_conn_release(&c);
-  return get_status;
-}
-
-int lg_scrape(lg_ledger_t *l)
-{
-  static char text[65536];
-  memset(l, 0, sizeof(*l));
-  if (lg_http_get("/metrics", text, sizeof(text), 5.0) != 200)
-    return -1;
-  lg_ledger_parse(text, strlen(text), l);
-  return l->ok ? 0 : -1;
-}
-
-void lg_row(const lg_opts_t *o, const char *name, const char *fmt, ...)
-{
-  va_list ap;
-  if (o->json_only)
-    return;
-  printf("  %-26s ", name);
-  va_start(ap, fmt);
-  vprintf(fmt, ap);
-  va_end(ap);
-  printf("\n");
-}
 
 /* jitter: how long this CPU goes missing. A loop that only reads the clock
  * for --duration seconds records every gap between two readings; on a quiet
@@ -313,11 +193,7 @@ int main(int argc, char **argv)
   if (o.source_addrs == 0)
     o.source_addrs = 4;
   raise_nofile();
-  g_opts = &o;
-  lg_loop = uv_default_loop();
-  uv_timer_init(lg_loop, &ticker);
-  uv_timer_start(&ticker, tick_cb, 10, 10);
-  lg_conn_setup(lg_loop, o.host, o.port, o.source_addrs);
+  lg_run_start(&o);
   int rc = 0;
   for (char *s = strtok(scenarios, ","); s != NULL; s = strtok(NULL, ",")) {
     if (strcmp(s, "cycle") == 0)
@@ -335,8 +211,6 @@ int main(int argc, char **argv)
       return 2;
     }
   }
-  uv_timer_stop(&ticker);
-  uv_close((uv_handle_t *)&ticker, NULL);
-  uv_run(lg_loop, UV_RUN_NOWAIT);
+  lg_run_stop();
   return rc;
 }
