@@ -1,0 +1,54 @@
+/* ring.h -- which instance owns a key: rendezvous hashing over the
+ * instances that are up.
+ *
+ * Pure: no sockets, no clock. Every instance computes the same owner from
+ * the same members: a member is named by the address its peers reach it
+ * at ("10.0.0.7:8080"), a key by its canonical encoding (key.h), and both
+ * are hashed with a fixed function (no per-process secret, unlike hash.h),
+ * which instances of every version must share. A key moves only when its
+ * owner leaves, or when a member joins that outranks the owner for it:
+ * about 1/N of the keys when the N-th member joins. */
+#ifndef PILOTLIGHT_RING_H
+#define PILOTLIGHT_RING_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pilotlight/key.h"
+
+#define PL_RING_MEMBERS_MAX 64
+#define PL_RING_NAME_MAX 64 /* "host:port" with its NUL; an IPv6 host in [] */
+
+typedef struct {
+    char name[PL_RING_NAME_MAX];
+    uint64_t seed; /* the name's hash */
+} pl_ring_member;
+
+/* The members, sorted by name. */
+typedef struct {
+    pl_ring_member m[PL_RING_MEMBERS_MAX];
+    size_t n;
+} pl_ring;
+
+/* Empties <r>. */
+void pl_ring_init(pl_ring *r);
+
+/* Adds the member <name> (<len> bytes; once: adding it again changes
+ * nothing). Returns 0, or -1 when the ring is full or the name too long
+ * or empty. */
+int pl_ring_add(pl_ring *r, const char *name, size_t len);
+
+/* The index of member <name>, or -1. */
+int pl_ring_find(const pl_ring *r, const char *name, size_t len);
+
+/* Whether <a> and <b> have the same members. */
+int pl_ring_same(const pl_ring *a, const pl_ring *b);
+
+/* The fixed hash of a key (its canonical encoding), for pl_ring_owner. */
+uint64_t pl_ring_key_hash(const pl_key *k);
+
+/* The index of the member that owns the key whose hash is <kh>: the one
+ * that ranks it highest. <r> must have a member. */
+size_t pl_ring_owner(const pl_ring *r, uint64_t kh);
+
+#endif

@@ -1,0 +1,111 @@
+/* ring.c -- a key's owner among the instances: rendezvous hashing. */
+#include <string.h>
+
+#include "pilotlight/ring.h"
+
+/* A fixed 64-bit hash, eight bytes at a time (multiply and fold). Fixed:
+ * instances agree on owners only if they hash alike. */
+static uint64_t hash64(const void *data, size_t len, uint64_t h)
+{
+    const uint64_t k = 0x9E3779B97F4A7C15u;
+    const unsigned char *s = data, *end = s + len;
+    uint64_t w;
+
+    h = (h ^ len) * k;
+    for (; end - s >= 8; s += 8) {
+        memcpy(&w, s, 8);
+        h = (h ^ w) * k;
+        h ^= h >> 29;
+    }
+    for (w = 0; s < end; s++)
+        w = w << 8 | *s;
+    h = (h ^ w) * k;
+    return h ^ h >> 32;
+}
+
+/* A member's rank for a key: both hashes mixed (splitmix64's finalizer),
+ * so that each member orders the keys independently of the others. */
+static uint64_t rank(uint64_t seed, uint64_t kh)
+{
+    uint64_t z = seed ^ kh;
+
+    z = (z ^ z >> 30) * 0xBF58476D1CE4E5B9u;
+    z = (z ^ z >> 27) * 0x94D049BB133111EBu;
+    return z ^ z >> 31;
+}
+
+void pl_ring_init(pl_ring *r)
+{
+    r->n = 0;
+}
+
+int pl_ring_find(const pl_ring *r, const char *name, size_t len)
+{
+    for (size_t i = 0; i < r->n; i++)
+        if (strlen(r->m[i].name) == len && memcmp(r->m[i].name, name, len) == 0)
+            return (int)i;
+    return -1;
+}
+
+/* Orders member names as strcmp does, <name> being <len> bytes. */
+static int name_cmp(const char *member, const char *name, size_t len)
+{
+    size_t mlen = strlen(member);
+    int c = memcmp(member, name, mlen < len ? mlen : len);
+
+    return c != 0 ? c : (mlen > len) - (mlen < len);
+}
+
+int pl_ring_add(pl_ring *r, const char *name, size_t len)
+{
+    size_t at = 0;
+
+    if (len == 0 || len >= PL_RING_NAME_MAX)
+        return -1;
+    if (pl_ring_find(r, name, len) >= 0)
+        return 0;
+    if (r->n == PL_RING_MEMBERS_MAX)
+        return -1;
+    while (at < r->n && name_cmp(r->m[at].name, name, len) < 0)
+        at++;
+    memmove(&r->m[at + 1], &r->m[at], (r->n - at) * sizeof(r->m[0]));
+    memcpy(r->m[at].name, name, len);
+    r->m[at].name[len] = '\0';
+    r->m[at].seed = hash64(name, len, 0x5EED);
+    r->n++;
+    return 0;
+}
+
+int pl_ring_same(const pl_ring *a, const pl_ring *b)
+{
+    if (a->n != b->n)
+        return 0;
+    for (size_t i = 0; i < a->n; i++)
+        if (strcmp(a->m[i].name, b->m[i].name) != 0)
+            return 0;
+    return 1;
+}
+
+uint64_t pl_ring_key_hash(const pl_key *k)
+{
+    unsigned char buf[PL_KEY_ENCODED_MAX];
+    size_t len = pl_key_encode(k, buf);
+
+    return hash64(buf, len, 0);
+}
+
+size_t pl_ring_owner(const pl_ring *r, uint64_t kh)
+{
+    size_t best = 0;
+    uint64_t top = rank(r->m[0].seed, kh);
+
+    /* Ties (no two names hash alike in practice) go to the first name. */
+    for (size_t i = 1; i < r->n; i++) {
+        uint64_t v = rank(r->m[i].seed, kh);
+        if (v > top) {
+            top = v;
+            best = i;
+        }
+    }
+    return best;
+}

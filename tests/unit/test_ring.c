@@ -1,0 +1,127 @@
+/* test_ring.c -- a key's owner among the instances: every instance agrees,
+ * keys spread evenly, and a member joining or leaving moves only the keys
+ * it must. */
+#include <stdio.h>
+#include <string.h>
+
+#include "pilotlight/ring.h"
+#include "unit.h"
+
+#define KEYS 20000
+
+static pl_key key_n(int i, char *buf, size_t cap)
+{
+    pl_key k;
+    int n = snprintf(buf, cap, "deployment_%d", i);
+
+    k.deployment = buf;
+    k.deployment_len = (size_t)n;
+    k.version = "20261204.1";
+    k.version_len = 10;
+    k.cpu = i % 4 == 0 ? 0.5 : 1;
+    k.memory = 1;
+    return k;
+}
+
+static void add(pl_ring *r, const char *name)
+{
+    CHECK_EQ(pl_ring_add(r, name, strlen(name)), 0);
+}
+
+static void test_members(void)
+{
+    pl_ring r;
+
+    pl_ring_init(&r);
+    add(&r, "10.0.0.2:8080");
+    add(&r, "10.0.0.10:8080");
+    add(&r, "10.0.0.1:8080");
+    add(&r, "10.0.0.2:8080"); /* once */
+    CHECK_EQ(r.n, 3);
+    CHECK_STR(r.m[0].name, "10.0.0.10:8080");
+    CHECK_STR(r.m[1].name, "10.0.0.1:8080");
+    CHECK_STR(r.m[2].name, "10.0.0.2:8080");
+    CHECK_EQ(pl_ring_find(&r, "10.0.0.1:8080", 13), 1);
+    CHECK_EQ(pl_ring_find(&r, "10.0.0.1:80", 11), -1);
+    CHECK_EQ(pl_ring_add(&r, "", 0), -1);
+    {
+        char longname[PL_RING_NAME_MAX + 1];
+        memset(longname, 'a', sizeof(longname));
+        CHECK_EQ(pl_ring_add(&r, longname, PL_RING_NAME_MAX), -1);
+    }
+}
+
+/* The same members added in any order give every key the same owner:
+ * what lets instances agree without talking. */
+static void test_order_does_not_matter(void)
+{
+    static const char *names[] = {"a:1", "b:1", "c:1", "d:1"};
+    pl_ring x, y;
+    char buf[32];
+
+    pl_ring_init(&x);
+    pl_ring_init(&y);
+    for (int i = 0; i < 4; i++) {
+        add(&x, names[i]);
+        add(&y, names[3 - i]);
+    }
+    CHECK(pl_ring_same(&x, &y));
+    for (int i = 0; i < 1000; i++) {
+        pl_key k = key_n(i, buf, sizeof(buf));
+        uint64_t h = pl_ring_key_hash(&k);
+        CHECK_STR(x.m[pl_ring_owner(&x, h)].name, y.m[pl_ring_owner(&y, h)].name);
+    }
+}
+
+/* Keys that compare equal as keys (1 and 1.0) hash alike. */
+static void test_equal_keys_agree(void)
+{
+    pl_key a = {"dep", 3, "v", 1, 1.0, 2.0}, b = {"dep", 3, "v", 1, 1, 2};
+
+    CHECK_EQ(pl_ring_key_hash(&a), pl_ring_key_hash(&b));
+}
+
+/* Four members share the keys about evenly; a fifth takes about a fifth of
+ * them, from every member, and no other key moves; one leaving gives its
+ * keys away and no other key moves. */
+static void test_spread_and_moves(void)
+{
+    static const char *names[] = {"10.1.0.1:8080", "10.1.0.2:8080", "10.1.0.3:8080",
+                                  "10.1.0.4:8080", "10.1.0.5:8080"};
+    pl_ring four, five;
+    int count[5] = {0}, moved = 0, wrong = 0;
+    char buf[32];
+
+    pl_ring_init(&four);
+    pl_ring_init(&five);
+    for (int i = 0; i < 5; i++) {
+        if (i < 4)
+            add(&four, names[i]);
+        add(&five, names[i]);
+    }
+    for (int i = 0; i < KEYS; i++) {
+        pl_key k = key_n(i, buf, sizeof(buf));
+        uint64_t h = pl_ring_key_hash(&k);
+        const char *o4 = four.m[pl_ring_owner(&four, h)].name;
+        const char *o5 = five.m[pl_ring_owner(&five, h)].name;
+        count[pl_ring_owner(&five, h)]++;
+        if (strcmp(o4, o5) != 0) {
+            moved++;
+            if (strcmp(o5, names[4]) != 0)
+                wrong++; /* moved, but not to the newcomer */
+        }
+    }
+    CHECK_EQ(wrong, 0);
+    CHECK(moved > KEYS / 5 - KEYS / 50 && moved < KEYS / 5 + KEYS / 50);
+    for (int i = 0; i < 5; i++)
+        CHECK(count[i] > KEYS / 5 - KEYS / 50 && count[i] < KEYS / 5 + KEYS / 50);
+}
+
+int main(void)
+{
+    RUN(test_members);
+    RUN(test_order_does_not_matter);
+    RUN(test_equal_keys_agree);
+    RUN(test_spread_and_moves);
+    return unit_finish();
+}
