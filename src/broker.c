@@ -191,6 +191,15 @@ static int on_settle(void *owner, pl_outcome outcome, const void *arg)
     case PL_OUTCOME_HANDED_OVER:
         pl_conn_close(c); /* our descriptor only: the new process holds another */
         break;
+    case PL_OUTCOME_REVOKED:
+        /* Refused by a reload's token rules: 401 as a new poll would get;
+         * with no verdict to be had here (arg NULL), closed unanswered, so
+         * that its controller polls again and is judged then. */
+        if (arg != NULL)
+            reply_error(c, 401, arg);
+        else
+            pl_conn_close(c);
+        break;
     case PL_OUTCOME_DISCONNECT:
     case PL_OUTCOME__COUNT:
         break;
