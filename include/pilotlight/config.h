@@ -12,6 +12,10 @@
 
 #define PL_CONFIG_HOST_MAX 256
 #define PL_CONFIG_STRING_MAX 512
+/* The configuration file: at most this many bytes, each line at most
+ * PL_CONFIG_LINE_MAX (its newline aside); beyond either it is refused. */
+#define PL_CONFIG_FILE_MAX (1024 * 1024)
+#define PL_CONFIG_LINE_MAX 1024
 
 typedef struct {
     char host[PL_CONFIG_HOST_MAX]; /* IPv4, IPv6 or a name; "" = not set */
