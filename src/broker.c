@@ -390,6 +390,12 @@ void pl_broker_count_reload_error(pl_broker *b)
     b->metrics.reloads[1]++;
 }
 
+void pl_broker_count_upgrade(pl_broker *b, pl_upgrade_result result)
+{
+    if ((unsigned)result < PL_UPGRADE__COUNT)
+        b->metrics.upgrades[result]++;
+}
+
 void *pl_broker_side(pl_broker *b, unsigned serves)
 {
     side *sd = &b->sides[serves == PL_SERVE_DISPATCH ? 1 : 0];
@@ -1120,6 +1126,13 @@ const pl_config *pl_broker_config(const pl_broker *b)
 unsigned pl_broker_conn_serves(const pl_conn *c)
 {
     return ((const side *)pl_conn_app(c))->serves;
+}
+
+void pl_broker_hold(pl_broker *b, pl_waiter *w, int on)
+{
+    pl_engine_hold(b->engine, w, on);
+    if (!on) /* its deadline may be the next, or past: look at once */
+        uv_timer_start(&b->timer, timer_cb, 0, 0);
 }
 
 void pl_broker_hand_over(pl_broker *b, pl_waiter *w)

@@ -104,6 +104,9 @@ static const setting settings[] = {
     STRING(upgrade_binary, T_STRING, "",
            "SIGUSR2 starts this program to take over the sockets (empty = this "
            "binary's own path, as resolved at start)"),
+    U64(upgrade_step_timeout_ms, 100, 600000, "5000",
+        "binary upgrade: longest wait for each step of the new process (HELLO, "
+        "taking the state in, READY); serving goes on meanwhile, then it is killed"),
 };
 
 #define NSETTINGS (sizeof(settings) / sizeof(settings[0]))

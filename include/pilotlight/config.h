@@ -52,6 +52,7 @@ typedef struct {
     char token_secret_previous[PL_CONFIG_STRING_MAX];      /* rotation; never printed */
     char token_secret_previous_file[PL_CONFIG_STRING_MAX]; /* read into the above */
     char upgrade_binary[PL_CONFIG_STRING_MAX];    /* SIGUSR2 runs it; "" = our own */
+    uint64_t upgrade_step_timeout_ms; /* each step of the new process, at most */
     int log_level;            /* pl_log_level */
 } pl_config;
 
