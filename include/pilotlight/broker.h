@@ -39,9 +39,13 @@ void pl_broker_on_acked(void *b, pl_conn *c);
 
 /* Takes up <next> (a live reload): caps, order and park timeout, token
  * mode and secrets (a new verifier, so a dropped secret's cached tokens go
- * too), what /connect serves. Everything else the broker reads from its
- * cfg at each use, so the caller then copies <next> over that cfg. Returns
- * 0, or -1 when out of memory (nothing changed). Counts the reload. */
+ * too), what /connect serves. Tighter rules apply to what is parked: a
+ * poll a new one like it would not pass is answered as that one would be
+ * (token rules: revoked, 401 or closed unanswered when its token was never
+ * verified here; a lower cap: rejected, 503, the newest first). Everything
+ * else the broker reads from its cfg at each use, so the caller then copies
+ * <next> over that cfg. Returns 0, or -1 when out of memory (nothing
+ * changed). Counts the reload. */
 int pl_broker_reconfigure(pl_broker *b, const pl_config *next);
 
 /* Counts a reload that failed before reaching the broker (a bad file). */
