@@ -116,6 +116,15 @@ static int on_settle(void *owner, pl_outcome outcome, const void *arg)
     case PL_OUTCOME_HANDED_OVER:
         pl_conn_close(c); /* our descriptor only: the new process holds another */
         break;
+    case PL_OUTCOME_REVOKED:
+        /* Refused by a reload's token rules: 401 as a new poll would get;
+         * with no verdict to be had here (arg NULL), closed unanswered, so
+         * that its controller polls again and is judged then. */
+        if (arg != NULL)
+            reply_error(c, 401, arg);
+        else
+            pl_conn_close(c);
+        break;
     case PL_OUTCOME_DISCONNECT:
     case PL_OUTCOME_ABORTED:
     case PL_OUTCOME__COUNT:
@@ -220,6 +229,77 @@ pl_broker *pl_broker_new(uv_loop_t *loop, const pl_config *cfg)
     return b;
 }
 
+/* What a poll's deployment id was found to be as it parked, kept as its
+ * waiter's tag: a reload that tightens the token rules judges the poll by
+ * it, as the token itself is not kept. UNKNOWN (0) is also what a poll
+ * adopted from an older process has: the hand-over does not carry it. */
+enum { TRUST_UNKNOWN = 0, TRUST_BARE, TRUST_INVALID, TRUST_CURRENT, TRUST_PREVIOUS };
+
+/* A reload's view of the parked polls' tags: they name the secrets of
+ * <old>, the configuration in force until now. */
+typedef struct {
+    const pl_config *old, *next;
+    int remap;   /* the secrets changed */
+    int enforce; /* enforce's rules apply anew */
+} rejudge;
+
+/* Which of <next>'s secrets <secret> is, as a tag; INVALID once dropped. */
+static unsigned secret_now(const char *secret, const pl_config *next)
+{
+    if (*secret != '\0' && strcmp(secret, next->token_secret) == 0)
+        return TRUST_CURRENT;
+    if (*secret != '\0' && strcmp(secret, next->token_secret_previous) == 0)
+        return TRUST_PREVIOUS;
+    return TRUST_INVALID;
+}
+
+/* pl_engine_revoke's judge: what a new poll with the same deployment id
+ * would get under <next>, as far as the tag tells. Expiry is not judged
+ * again: a token is checked when its poll parks. */
+static int judge_poll(const pl_waiter_info *info, unsigned *tag, const void **why, void *arg)
+{
+    const rejudge *r = arg;
+
+    (void)info;
+    if (r->remap) {
+        if (*tag == TRUST_CURRENT)
+            *tag = secret_now(r->old->token_secret, r->next);
+        else if (*tag == TRUST_PREVIOUS)
+            *tag = secret_now(r->old->token_secret_previous, r->next);
+        else if (*tag == TRUST_INVALID)
+            *tag = TRUST_UNKNOWN; /* a new secret may verify it */
+    }
+    if (!r->enforce || *tag == TRUST_CURRENT || *tag == TRUST_PREVIOUS)
+        return 0;
+    *why = *tag == TRUST_BARE      ? "a signed deployment token is required"
+           : *tag == TRUST_INVALID ? "invalid deployment token"
+                                   : NULL; /* never verified here: asked again */
+    return 1;
+}
+
+/* Applies a reload's tighter rules to what is parked: token mode and
+ * secrets, then lower caps. Each poll refused is answered as a new one
+ * would be and counted (revoked, rejected). */
+static void apply_to_parked(pl_broker *b, const pl_config *next)
+{
+    const pl_config *old = b->cfg;
+    rejudge r = {old, next, 0, 0};
+    size_t revoked = 0, rejected = 0;
+
+    r.remap = strcmp(old->token_secret, next->token_secret) != 0 ||
+              strcmp(old->token_secret_previous, next->token_secret_previous) != 0;
+    r.enforce = next->token_mode == PL_TOKEN_MODE_ENFORCE &&
+                (old->token_mode != PL_TOKEN_MODE_ENFORCE || r.remap);
+    if (r.remap || r.enforce)
+        revoked = pl_engine_revoke(b->engine, judge_poll, &r);
+    if (next->max_waiters < old->max_waiters ||
+        next->max_waiters_per_key < old->max_waiters_per_key)
+        rejected = pl_engine_enforce_caps(b->engine);
+    if (revoked + rejected > 0)
+        PL_LOG(PL_LOG_WARN, "reload: parked polls refused under the new settings",
+               "\"revoked\":%zu,\"rejected\":%zu", revoked, rejected);
+}
+
 int pl_broker_reconfigure(pl_broker *b, const pl_config *next)
 {
     pl_engine_opts opts = engine_opts(next);
@@ -236,6 +316,7 @@ int pl_broker_reconfigure(pl_broker *b, const pl_config *next)
     pl_engine_set_opts(b->engine, &opts);
     pl_confirm_set_opts(b->confirm, &copts);
     set_connect_body(b, next);
+    apply_to_parked(b, next);
     uv_timer_stop(&b->timer);
     timer_arm(b);
     b->metrics.reloads[0]++;
@@ -245,6 +326,12 @@ int pl_broker_reconfigure(pl_broker *b, const pl_config *next)
 void pl_broker_count_reload_error(pl_broker *b)
 {
     b->metrics.reloads[1]++;
+}
+
+void pl_broker_count_upgrade(pl_broker *b, pl_upgrade_result result)
+{
+    if ((unsigned)result < PL_UPGRADE__COUNT)
+        b->metrics.upgrades[result]++;
 }
 
 void *pl_broker_side(pl_broker *b, unsigned serves)
@@ -283,6 +370,19 @@ static void hold_waiter(pl_broker *b, pl_conn *c, pl_waiter *w)
         timer_arm(b);
 }
 
+/* The tag of a poll parked with the deployment-id header of <req>. */
+static unsigned trust_of(int token, const pl_token_claims *claims, const pl_key *key,
+                         const pl_request *req)
+{
+    if (token == PL_TOKEN_VALID)
+        return claims->previous ? TRUST_PREVIOUS : TRUST_CURRENT;
+    if (token == PL_TOKEN_INVALID)
+        return TRUST_INVALID;
+    /* Legacy, or not verified: a bare id is the header itself (poll.h),
+     * a token's claim is not. */
+    return key->deployment == req->header[PL_HDR_DEPLOYMENT_ID] ? TRUST_BARE : TRUST_UNKNOWN;
+}
+
 static void handle_park(pl_broker *b, pl_conn *c, const pl_request *req)
 {
     pl_token_claims claims;
@@ -314,6 +414,7 @@ static void handle_park(pl_broker *b, pl_conn *c, const pl_request *req)
     } else if (rc == PL_EINVAL) {
         reply_error(c, 400, "x-trigger-deployment-id or -version is empty or too long");
     } else if (rc == 0) {
+        pl_engine_set_tag(w, trust_of(token, &claims, &key, req));
         hold_waiter(b, c, w);
         pl_conn_detect_dead_peer(c, (unsigned)b->cfg->tcp_keepalive_idle_s,
                                  (unsigned)b->cfg->tcp_keepalive_interval_s,
@@ -632,6 +733,13 @@ const pl_config *pl_broker_config(const pl_broker *b)
 unsigned pl_broker_conn_serves(const pl_conn *c)
 {
     return ((const side *)pl_conn_app(c))->serves;
+}
+
+void pl_broker_hold(pl_broker *b, pl_waiter *w, int on)
+{
+    pl_engine_hold(b->engine, w, on);
+    if (!on) /* its deadline may be the next, or past: look at once */
+        uv_timer_start(&b->timer, timer_cb, 0, 0);
 }
 
 void pl_broker_hand_over(pl_broker *b, pl_waiter *w)

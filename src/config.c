@@ -2,11 +2,16 @@
 #include <arpa/inet.h>
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+
+#include <sys/stat.h>
 
 #include "pilotlight/config.h"
+#include "pilotlight/mem.h"
 
 typedef enum { T_U64, T_LISTEN, T_CHOICE, T_STRING, T_SECRET } setting_type;
 
@@ -102,9 +107,18 @@ static const setting settings[] = {
     STRING(upgrade_binary, T_STRING, "",
            "SIGUSR2 starts this program to take over the sockets (empty = this "
            "binary's own path, as resolved at start)"),
+    U64(upgrade_step_timeout_ms, 100, 600000, "5000",
+        "binary upgrade: longest wait for each step of the new process (HELLO, "
+        "taking the state in, READY); serving goes on meanwhile, then it is killed"),
 };
 
 #define NSETTINGS (sizeof(settings) / sizeof(settings[0]))
+
+/* What the real clients allow (refuse_senseless): undici's default
+ * headersTimeout, and the smallest requests they send. */
+#define CONTROLLER_HEADERS_TIMEOUT_MS 300000ULL
+#define POLL_HEADERS_MIN 1024
+#define DISPATCH_BODY_MIN 1024
 
 static const setting *find_setting(const char *name, size_t len)
 {
@@ -239,21 +253,116 @@ static char *trim(char *s)
     return s;
 }
 
-static int load_file(pl_config *cfg, const char *path, char *err, size_t errlen)
+static const char *file_kind(mode_t mode)
 {
-    FILE *f = fopen(path, "r");
-    char line[1024], msg[512];
-    int lineno = 0, rc = 0;
+    return S_ISDIR(mode) ? "a directory" : S_ISFIFO(mode) ? "a FIFO"
+           : S_ISCHR(mode) ? "a character device" : S_ISBLK(mode) ? "a block device"
+           : S_ISSOCK(mode) ? "a socket" : "not a regular file";
+}
 
-    if (f == NULL) {
-        snprintf(err, errlen, "config file %s: %s", path, strerror(errno));
+/* Reads the file <path> whole into *out (pl_malloc'd, NUL-terminated; free
+ * with pl_free) and returns its length, or -1 with a message naming <what>
+ * and <path> in <err>. Only a regular file is read, a symlink followed to
+ * one (a Kubernetes ConfigMap's files are symlinks); anything else is
+ * refused without waiting for it: opened non-blocking, a FIFO with no
+ * writer cannot hold the open, and it is refused before any read. More
+ * than <limit> bytes, read or announced, is refused too. */
+static long read_file(const char *what, const char *path, size_t limit, char **out,
+                      char *err, size_t errlen)
+{
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+    struct stat st;
+    char *buf = NULL, *grown;
+    size_t len = 0, cap;
+    ssize_t n;
+
+    *out = NULL;
+    if (fd < 0) {
+        snprintf(err, errlen, "%s %s: %s", what, path, strerror(errno));
         return -1;
     }
-    while (rc == 0 && fgets(line, sizeof(line), f) != NULL) {
-        char *hash = strchr(line, '#'), *eq, *s;
+    if (fstat(fd, &st) != 0) {
+        snprintf(err, errlen, "%s %s: %s", what, path, strerror(errno));
+        goto fail;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        snprintf(err, errlen, "%s %s: %s, not a regular file", what, path,
+                 file_kind(st.st_mode));
+        goto fail;
+    }
+    if ((uint64_t)st.st_size > limit) {
+        snprintf(err, errlen, "%s %s: more than %zu bytes", what, path, limit);
+        goto fail;
+    }
+    /* Room for what it announces and one byte more, to see it grew (a
+     * file under /proc announces 0); never past limit + 1. */
+    cap = (size_t)st.st_size < limit ? (size_t)st.st_size + 1 : limit + 1;
+    if (cap < 4096)
+        cap = limit + 1 < 4096 ? limit + 1 : 4096;
+    if ((buf = pl_malloc(cap + 1)) == NULL)
+        goto oom;
+    for (;;) {
+        if (len == cap) {
+            size_t next = cap * 2 < limit + 1 ? cap * 2 : limit + 1;
+            if (next == cap)
+                break; /* limit + 1 bytes: too long */
+            if ((grown = pl_realloc(buf, next + 1)) == NULL)
+                goto oom;
+            buf = grown;
+            cap = next;
+        }
+        n = read(fd, buf + len, cap - len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            snprintf(err, errlen, "%s %s: %s", what, path, strerror(errno));
+            goto fail;
+        }
+        if (n == 0)
+            break;
+        len += (size_t)n;
+    }
+    if (len > limit) {
+        snprintf(err, errlen, "%s %s: more than %zu bytes", what, path, limit);
+        goto fail;
+    }
+    close(fd);
+    buf[len] = '\0';
+    *out = buf;
+    return (long)len;
+oom:
+    snprintf(err, errlen, "%s %s: out of memory", what, path);
+fail:
+    close(fd);
+    pl_free(buf);
+    return -1;
+}
+
+/* Sets what the lines of <text> (<len> bytes, NUL after them; changed in
+ * place) say. Every line is taken whole, or refused with its number. */
+static int parse_text(pl_config *cfg, const char *path, char *text, size_t len,
+                      char *err, size_t errlen)
+{
+    char *p = text, *end = text + len, msg[512];
+    int lineno = 0;
+
+    while (p < end) {
+        char *line = p, *nl = memchr(p, '\n', (size_t)(end - p)), *hash, *eq, *s;
+        size_t n = (size_t)((nl != NULL ? nl : end) - p);
 
         lineno++;
-        if (hash)
+        p = nl != NULL ? nl + 1 : end;
+        if (n - (n > 0 && line[n - 1] == '\r') > PL_CONFIG_LINE_MAX) { /* CRLF: the CR aside */
+            snprintf(err, errlen, "%s:%d: line longer than %d bytes", path, lineno,
+                     PL_CONFIG_LINE_MAX);
+            return -1;
+        }
+        if (memchr(line, '\0', n) != NULL) {
+            snprintf(err, errlen, "%s:%d: a NUL byte", path, lineno);
+            return -1;
+        }
+        line[n] = '\0';
+        if ((hash = strchr(line, '#')) != NULL)
             *hash = '\0';
         s = trim(line);
         if (*s == '\0')
@@ -261,16 +370,27 @@ static int load_file(pl_config *cfg, const char *path, char *err, size_t errlen)
         eq = strchr(s, '=');
         if (eq == NULL) {
             snprintf(err, errlen, "%s:%d: expected 'name = value'", path, lineno);
-            rc = -1;
-            break;
+            return -1;
         }
         *eq = '\0';
         if (pl_config_set(cfg, trim(s), trim(eq + 1), msg, sizeof(msg)) != 0) {
             snprintf(err, errlen, "%s:%d: %s", path, lineno, msg);
-            rc = -1;
+            return -1;
         }
     }
-    fclose(f);
+    return 0;
+}
+
+static int load_file(pl_config *cfg, const char *path, char *err, size_t errlen)
+{
+    char *text;
+    long len = read_file("config file", path, PL_CONFIG_FILE_MAX, &text, err, errlen);
+    int rc;
+
+    if (len < 0)
+        return -1;
+    rc = parse_text(cfg, path, text, (size_t)len, err, errlen);
+    pl_free(text);
     return rc;
 }
 
@@ -360,32 +480,63 @@ static int load_flags(pl_config *cfg, int argc, char **argv,
 }
 
 /* Reads the file <path> (the setting <name>) into <secret>, without one
- * trailing newline. */
+ * trailing newline (LF or CRLF). */
 static int read_secret(const char *name, const char *path, char *secret,
                        char *err, size_t errlen)
 {
-    char buf[PL_CONFIG_STRING_MAX + 2]; /* the longest secret, CR and LF */
-    FILE *f = fopen(path, "r");
-    size_t n;
+    char *buf;
+    long n = read_file(name, path, PL_CONFIG_STRING_MAX + 1, &buf, err, errlen);
 
-    if (f == NULL) {
-        snprintf(err, errlen, "%s %s: %s", name, path, strerror(errno));
+    if (n < 0)
         return -1;
-    }
-    n = fread(buf, 1, sizeof(buf), f);
-    fclose(f);
     if (n > 0 && buf[n - 1] == '\n')
         n--;
     if (n > 0 && buf[n - 1] == '\r')
         n--;
-    if (n >= PL_CONFIG_STRING_MAX) {
-        snprintf(err, errlen, "%s %s: longer than %d bytes", name, path,
-                 PL_CONFIG_STRING_MAX - 1);
+    if (n >= PL_CONFIG_STRING_MAX || memchr(buf, '\0', (size_t)n) != NULL) {
+        /* a NUL would end the HMAC key early, silently */
+        snprintf(err, errlen, n >= PL_CONFIG_STRING_MAX ? "%s %s: longer than %d bytes"
+                                                        : "%s %s: holds a NUL byte",
+                 name, path, PL_CONFIG_STRING_MAX - 1);
+        pl_free(buf);
         return -1;
     }
-    memcpy(secret, buf, n);
+    memcpy(secret, buf, (size_t)n);
     secret[n] = '\0';
+    pl_free(buf);
     return 0;
+}
+
+/* Settings each valid alone that together cannot work: every one of these
+ * would quietly end warm starts (PROTOCOL.md, "Details that decide what a
+ * broker may do"). Returns 0, or -1 with the reason in <err>. */
+static int refuse_senseless(const pl_config *c, char *err, size_t errlen)
+{
+    const unsigned long long park = c->park_timeout_ms, conn = c->connection_timeout_ms;
+
+    if (park != 0 && park <= conn)
+        snprintf(err, errlen, "park_timeout_ms = %llu is not above connection_timeout_ms = %llu: "
+                 "a controller aborts its poll at connection_timeout_ms, while a 204 before "
+                 "that is an error to it, after which it backs off longer each time; warm "
+                 "starts would quietly stop (0 = connection_timeout_ms + 5000)", park, conn);
+    else if (conn >= CONTROLLER_HEADERS_TIMEOUT_MS)
+        snprintf(err, errlen, "connection_timeout_ms = %llu is not below %llu: a controller's "
+                 "fetch (Node's undici) fails a request whose response headers take %llu ms, "
+                 "an error after which it backs off longer each time instead of polling again",
+                 conn, CONTROLLER_HEADERS_TIMEOUT_MS, CONTROLLER_HEADERS_TIMEOUT_MS);
+    else if (c->max_header_bytes < POLL_HEADERS_MIN)
+        snprintf(err, errlen, "max_header_bytes = %llu is below %d: a controller's poll "
+                 "carries about 480 bytes of headers, 900 with a signed deployment token "
+                 "(Node's fetch), and one answered 431 gives up warm starts",
+                 (unsigned long long)c->max_header_bytes, POLL_HEADERS_MIN);
+    else if (c->max_body_bytes < DISPATCH_BODY_MIN)
+        snprintf(err, errlen, "max_body_bytes = %llu is below %d: a dispatch carries the "
+                 "run's whole DequeuedMessage (PROTOCOL.md's example is 1,254 bytes), so "
+                 "every one would be refused 413 and its run cold-started",
+                 (unsigned long long)c->max_body_bytes, DISPATCH_BODY_MIN);
+    else
+        return 0;
+    return -1;
 }
 
 int pl_config_load(pl_config *cfg, int argc, char **argv, char **envp,
@@ -425,6 +576,8 @@ int pl_config_load(pl_config *cfg, int argc, char **argv, char **envp,
                  token_mode_names[cfg->token_mode]);
         return -1;
     }
+    if (refuse_senseless(cfg, err, errlen) != 0)
+        return -1;
     if (cfg->park_timeout_ms == 0)
         cfg->park_timeout_ms = cfg->connection_timeout_ms + 5000;
     return 0;

@@ -32,7 +32,10 @@ struct pl_waiter {
     pl_waiter *qprev, *qnext; /* in its key's queue, oldest first */
     pl_entry *entry;
     void *owner;
-    uint64_t parked_at;
+    /* When it parked, in loop milliseconds (the low 56 bits: two million
+     * years), with the owner's tag and the held bit above: a waiter costs
+     * no byte more for them. */
+    uint64_t stamp;
     /* By controller id, hashed with the deployment. uthash also keeps its
      * items in the order they were added: that order is the time list. */
     UT_hash_handle hh;
@@ -40,6 +43,21 @@ struct pl_waiter {
 };
 
 static pl_pool waiter_pool = PL_POOL_INIT("waiter", sizeof(pl_waiter) + ID_INLINE);
+
+#define STAMP_AT ((UINT64_C(1) << 56) - 1)
+#define STAMP_TAG_SHIFT 56
+#define STAMP_TAG (UINT64_C(0x7f) << STAMP_TAG_SHIFT)
+#define STAMP_HELD (UINT64_C(1) << 63)
+
+static uint64_t parked_at(const pl_waiter *w)
+{
+    return w->stamp & STAMP_AT;
+}
+
+static int held(const pl_waiter *w)
+{
+    return (w->stamp & STAMP_HELD) != 0;
+}
 
 struct pl_entry {
     UT_hash_handle hh; /* by encoded key */
@@ -57,6 +75,7 @@ struct pl_engine {
      * timeout serves all, the list is sorted by deadline too. */
     pl_waiter *by_id;
     size_t nkeys;
+    size_t held; /* waiters held for a hand-over (pl_engine_hold) */
     pl_ledger ledger;
 };
 
@@ -101,7 +120,7 @@ size_t pl_engine_each_key(const pl_engine *e, size_t max,
         pl_key_info info;
         pl_key_decode(ent->keybytes, ent->keylen, &info.key);
         info.parked = ent->count;
-        info.oldest_parked_at = ent->head->parked_at; /* appended in time order */
+        info.oldest_parked_at = parked_at(ent->head); /* appended in time order */
         fn(&info, arg);
     }
     return e->nkeys;
@@ -137,7 +156,7 @@ const char *pl_outcome_name(pl_outcome o)
 {
     static const char *const names[PL_OUTCOME__COUNT] = {
         "matched", "timeout", "disconnect", "replaced", "shutdown", "rejected",
-        "handed_over", "aborted",
+        "handed_over", "revoked", "aborted",
     };
     return (unsigned)o < PL_OUTCOME__COUNT ? names[o] : "unknown";
 }
@@ -210,6 +229,8 @@ static void unlink_waiter(pl_engine *e, pl_waiter *w)
     ent->count--;
     HASH_DELETE(hh, e->by_id, w);
     drop_entry_if_empty(e, ent);
+    if (held(w))
+        e->held--;
 }
 
 static int ledger_balanced(const pl_ledger *l)
@@ -259,6 +280,9 @@ void pl_engine_settle(pl_engine *e, pl_waiter *w, pl_outcome outcome)
     settle(e, w, outcome, NULL, 1);
 }
 
+#define OVER_CAP "too many parked polls on this server"
+#define OVER_KEY_CAP "too many parked polls for this deployment and machine"
+
 /* Returns why one more poll for <ent> would exceed a cap, or NULL. <old>, a
  * waiter about to be replaced, does not count: it leaves as this one comes. */
 static const char *over_cap(const pl_engine *e, const pl_entry *ent,
@@ -268,9 +292,9 @@ static const char *over_cap(const pl_engine *e, const pl_entry *ent,
     uint32_t on_key = ent ? ent->count - (old != NULL && old->entry == ent) : 0;
 
     if (e->opts.max_waiters && parked >= e->opts.max_waiters)
-        return "too many parked polls on this server";
+        return OVER_CAP;
     if (e->opts.max_waiters_per_key && on_key >= e->opts.max_waiters_per_key)
-        return "too many parked polls for this deployment and machine";
+        return OVER_KEY_CAP;
     return NULL;
 }
 
@@ -300,7 +324,8 @@ static pl_waiter *find_own(const pl_engine *e, const char *id, size_t id_len,
         pl_waiter *w = ELMT_FROM_HH(tbl, hh);
         pl_key k;
 
-        if (hh->hashv != hv || hh->keylen != id_len || memcmp(hh->key, id, id_len) != 0)
+        if (hh->hashv != hv || hh->keylen != id_len || memcmp(hh->key, id, id_len) != 0 ||
+            held(w))
             continue;
         pl_key_decode(w->entry->keybytes, w->entry->keylen, &k);
         if (k.deployment_len == key->deployment_len &&
@@ -332,7 +357,7 @@ static int index_waiter(pl_engine *e, pl_waiter *w, pl_entry *ent,
 }
 
 /* A waiter not yet in any list, or NULL when out of memory. */
-static pl_waiter *new_waiter(const char *id, size_t id_len, void *owner, uint64_t parked_at)
+static pl_waiter *new_waiter(const char *id, size_t id_len, void *owner, uint64_t at)
 {
     pl_waiter *w = waiter_get(id_len);
 
@@ -343,7 +368,7 @@ static pl_waiter *new_waiter(const char *id, size_t id_len, void *owner, uint64_
     memcpy(w->id, id, id_len);
     w->id[id_len] = '\0';
     w->owner = owner;
-    w->parked_at = parked_at;
+    w->stamp = at & STAMP_AT;
     return w;
 }
 
@@ -414,11 +439,15 @@ static int deliver_round(pl_engine *e, pl_entry **entp, uint64_t now, pl_deliver
 
     while (w != NULL) {
         pl_waiter *next = next_in_order(*entp, w, order);
-        int v = vet != NULL ? vet(w->owner, d->vet_arg) : PL_VET_OFFER;
-        uint64_t parked_at = w->parked_at;
+        uint64_t at = parked_at(w);
         void *owner = w->owner;
-        int last, rc;
+        int v, last, rc;
 
+        if (e->held > 0 && held(w)) { /* being handed over: nobody's now */
+            w = next;
+            continue;
+        }
+        v = vet != NULL ? vet(owner, d->vet_arg) : PL_VET_OFFER;
         if (v == PL_VET_STOP)
             return PL_DELIVERY_STOPPED;
         if (v == PL_VET_SKIP) {
@@ -432,7 +461,7 @@ static int deliver_round(pl_engine *e, pl_entry **entp, uint64_t now, pl_deliver
         if (rc == 0 || rc == PL_SETTLE_PENDING) {
             d->waiter = rc == PL_SETTLE_PENDING ? w : NULL;
             d->owner = owner;
-            d->waited_ms = now >= parked_at ? now - parked_at : 0;
+            d->waited_ms = now >= at ? now - at : 0;
             return rc == 0 ? PL_DELIVERED : PL_DELIVERY_PENDING;
         }
         if (last) {
@@ -469,20 +498,29 @@ size_t pl_engine_each_in_key(const pl_engine *e, const pl_key *key, size_t max,
     size_t n = 0;
 
     for (const pl_waiter *w = ent ? first_in_order(ent, e->opts.order) : NULL;
-         w != NULL && n < max; w = next_in_order(ent, w, e->opts.order), n++)
+         w != NULL && n < max; w = next_in_order(ent, w, e->opts.order)) {
+        if (e->held > 0 && held(w))
+            continue;
         fn(w->owner, arg);
+        n++;
+    }
     return n;
 }
 
 size_t pl_engine_expire(pl_engine *e, uint64_t now)
 {
+    pl_waiter *w, *next;
     size_t n = 0;
 
     if (e->opts.park_timeout_ms == 0)
         return 0;
-    while (e->by_id != NULL &&
-           e->by_id->parked_at + e->opts.park_timeout_ms <= now) {
-        settle(e, e->by_id, PL_OUTCOME_TIMEOUT, NULL, 1);
+    /* A held waiter's deadline waits for the hand-over's verdict; the
+     * list is sorted, so the first one not yet due ends the walk. */
+    for (w = e->by_id; w != NULL && parked_at(w) + e->opts.park_timeout_ms <= now; w = next) {
+        next = w->hh.next;
+        if (held(w))
+            continue;
+        settle(e, w, PL_OUTCOME_TIMEOUT, NULL, 1);
         n++;
     }
     return n;
@@ -490,9 +528,13 @@ size_t pl_engine_expire(pl_engine *e, uint64_t now)
 
 int pl_engine_next_deadline(const pl_engine *e, uint64_t *deadline)
 {
-    if (e->opts.park_timeout_ms == 0 || e->by_id == NULL)
+    const pl_waiter *w = e->by_id;
+
+    while (e->held > 0 && w != NULL && held(w))
+        w = w->hh.next;
+    if (e->opts.park_timeout_ms == 0 || w == NULL)
         return -1;
-    *deadline = e->by_id->parked_at + e->opts.park_timeout_ms;
+    *deadline = parked_at(w) + e->opts.park_timeout_ms;
     return 0;
 }
 
@@ -507,8 +549,100 @@ void pl_engine_set_opts(pl_engine *e, const pl_engine_opts *opts)
     e->opts = *opts;
 }
 
+/* The newest waiter not held for a hand-over, walking back from <w> (in
+ * the time list when <by_time>, else in its key's queue); NULL if none. */
+static pl_waiter *newest_free(pl_waiter *w, const pl_waiter *head, int by_time)
+{
+    while (w != NULL && held(w))
+        w = by_time ? w->hh.prev : w == head ? NULL : w->qprev;
+    return w;
+}
+
+size_t pl_engine_enforce_caps(pl_engine *e)
+{
+    pl_entry *ent, *tmp;
+    pl_waiter *w;
+    size_t n = 0;
+
+    /* The newest go: they are the ones a cap in force then would have
+     * refused. Per key first, then whatever still exceeds the total. */
+    if (e->opts.max_waiters_per_key > 0) {
+        HASH_ITER(hh, e->entries, ent, tmp) {
+            while (ent->count > e->opts.max_waiters_per_key &&
+                   (w = newest_free(ent->head->qprev, ent->head, 0)) != NULL) {
+                settle(e, w, PL_OUTCOME_REJECTED, OVER_KEY_CAP, 1);
+                n++;
+            }
+        }
+    }
+    while (e->opts.max_waiters > 0 && e->ledger.parked_now > e->opts.max_waiters &&
+           e->by_id != NULL &&
+           (w = newest_free(ELMT_FROM_HH(e->by_id->hh.tbl, e->by_id->hh.tbl->tail), NULL, 1)) !=
+               NULL) {
+        settle(e, w, PL_OUTCOME_REJECTED, OVER_CAP, 1);
+        n++;
+    }
+    return n;
+}
+
+static void waiter_info(const pl_waiter *w, pl_waiter_info *info)
+{
+    pl_key_decode(w->entry->keybytes, w->entry->keylen, &info->key);
+    info->id = w->id;
+    info->id_len = w->hh.keylen;
+    info->parked_at = parked_at(w);
+    info->owner = w->owner;
+    info->w = (pl_waiter *)w;
+    info->tag = (unsigned)((w->stamp & STAMP_TAG) >> STAMP_TAG_SHIFT);
+    info->held = held(w);
+}
+
+size_t pl_engine_revoke(pl_engine *e,
+                        int (*judge)(const pl_waiter_info *info, unsigned *tag,
+                                     const void **why, void *arg),
+                        void *arg)
+{
+    pl_waiter *w, *next;
+    size_t n = 0;
+
+    for (w = e->by_id; w != NULL; w = next) {
+        pl_waiter_info info;
+        const void *why = NULL;
+        unsigned tag;
+
+        next = w->hh.next;
+        if (held(w))
+            continue;
+        waiter_info(w, &info);
+        tag = info.tag;
+        if (judge(&info, &tag, &why, arg)) {
+            settle(e, w, PL_OUTCOME_REVOKED, why, 1);
+            n++;
+        } else {
+            pl_engine_set_tag(w, tag);
+        }
+    }
+    return n;
+}
+
+void pl_engine_hold(pl_engine *e, pl_waiter *w, int on)
+{
+    if (held(w) == (on != 0))
+        return;
+    w->stamp ^= STAMP_HELD;
+    if (on)
+        e->held++;
+    else
+        e->held--;
+}
+
+void pl_engine_set_tag(pl_waiter *w, unsigned tag)
+{
+    w->stamp = (w->stamp & ~STAMP_TAG) | ((uint64_t)(tag & 0x7f) << STAMP_TAG_SHIFT);
+}
+
 int pl_engine_adopt(pl_engine *e, const pl_key *key, const char *id, size_t id_len,
-                    void *owner, uint64_t parked_at, pl_waiter **out)
+                    void *owner, uint64_t at, pl_waiter **out)
 {
     unsigned char buf[PL_KEY_ENCODED_MAX];
     size_t len = pl_key_encode(key, buf);
@@ -521,12 +655,12 @@ int pl_engine_adopt(pl_engine *e, const pl_key *key, const char *id, size_t id_l
     /* The time list stays sorted whatever order waiters arrive in. */
     if (e->by_id != NULL) {
         const pl_waiter *newest = ELMT_FROM_HH(e->by_id->hh.tbl, e->by_id->hh.tbl->tail);
-        if (newest->parked_at > parked_at)
-            parked_at = newest->parked_at;
+        if (parked_at(newest) > at)
+            at = parked_at(newest);
     }
     if (find_own(e, id, id_len, key, hv) != NULL)
         return PL_EEXIST;
-    w = new_waiter(id, id_len, owner, parked_at);
+    w = new_waiter(id, id_len, owner, at);
     if (w == NULL)
         return PL_ENOMEM;
     if (index_waiter(e, w, lookup(e, buf, len), buf, len, id_len, hv) != 0) {
@@ -539,6 +673,11 @@ int pl_engine_adopt(pl_engine *e, const pl_key *key, const char *id, size_t id_l
     return 0;
 }
 
+void pl_engine_waiter_info(const pl_waiter *w, pl_waiter_info *info)
+{
+    waiter_info(w, info);
+}
+
 size_t pl_engine_each_waiter(const pl_engine *e,
                              void (*fn)(const pl_waiter_info *info, void *arg), void *arg)
 {
@@ -546,12 +685,7 @@ size_t pl_engine_each_waiter(const pl_engine *e,
 
     for (const pl_waiter *w = e->by_id; w != NULL; w = w->hh.next, n++) {
         pl_waiter_info info;
-        pl_key_decode(w->entry->keybytes, w->entry->keylen, &info.key);
-        info.id = w->id;
-        info.id_len = w->hh.keylen;
-        info.parked_at = w->parked_at;
-        info.owner = w->owner;
-        info.w = (pl_waiter *)w;
+        waiter_info(w, &info);
         fn(&info, arg);
     }
     return n;

@@ -1283,6 +1283,25 @@ int pl_conn_keep_alive(const pl_conn *c)
     return c->keep_alive;
 }
 
+int pl_conn_freeze(pl_conn *c)
+{
+    int list = c->list;
+
+    list_remove(c);
+    uv_read_stop((uv_stream_t *)&c->tcp);
+    return list;
+}
+
+void pl_conn_thaw(pl_conn *c, int frozen)
+{
+    if (c->closing)
+        return;
+    if (frozen != TL_NONE)
+        list_add(c, (uint8_t)frozen);
+    if (uv_read_start((uv_stream_t *)&c->tcp, alloc_cb, on_read) != 0)
+        conn_close(c);
+}
+
 size_t pl_http_each_idle(pl_http *h, void (*fn)(pl_conn *c, void *arg), void *arg)
 {
     static const uint8_t which[] = {TL_IDLE, TL_REQUEST};

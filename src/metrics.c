@@ -31,6 +31,10 @@ static const double lag_bounds[] = {
     0.025, 0.05, 0.1, 0.25, 0.5, 1,
 };
 
+static const char *const upgrade_names[PL_UPGRADE__COUNT] = {
+    "handed_over", "failed", "timeout", "aborted",
+};
+
 static const char *const route_names[PL_ROUTE__COUNT] = {
     "other", "connect", "park", "dispatch", "healthz", "readyz", "metrics", "debug",
 };
@@ -227,6 +231,11 @@ size_t pl_metrics_render(const pl_metrics *m, const pl_ledger *l, size_t keys,
              "pilotlight_config_reloads_total{result=\"ok\"} %llu\n"
              "pilotlight_config_reloads_total{result=\"error\"} %llu\n",
          (unsigned long long)m->reloads[0], (unsigned long long)m->reloads[1]);
+    emit(&o, "# HELP pilotlight_upgrades_total Binary upgrades (SIGUSR2) this process began, "
+             "by result.\n# TYPE pilotlight_upgrades_total counter\n");
+    for (int i = 0; i < PL_UPGRADE__COUNT; i++)
+        emit(&o, "pilotlight_upgrades_total{result=\"%s\"} %llu\n", upgrade_names[i],
+             (unsigned long long)m->upgrades[i]);
     emit(&o, "# HELP pilotlight_config_max_waiters max_waiters in effect.\n"
              "# TYPE pilotlight_config_max_waiters gauge\npilotlight_config_max_waiters %llu\n"
              "# HELP pilotlight_config_max_waiters_per_key max_waiters_per_key in effect.\n"

@@ -4,12 +4,29 @@
 
 #include "pilotlight/log.h"
 #include "pilotlight/poll.h"
+#include "pilotlight/utf8.h"
 
 static const char *const header_names[] = {
     "x-trigger-workload-controller-id", "x-trigger-deployment-id",
     "x-trigger-deployment-version", "x-trigger-machine-cpu",
     "x-trigger-machine-memory",
 };
+
+/* What keeps <len> bytes at <s> from being a key string a dispatch body
+ * can name (well-formed UTF-8, no control character: message.c's reading
+ * of a JSON string), or NULL. A poll keyed otherwise could never match. */
+static const char *not_text(const char *s, size_t len)
+{
+    const unsigned char *p = (const unsigned char *)s;
+
+    for (size_t i = 0, n; i < len; i += n) {
+        if (p[i] < 0x20 || p[i] == 0x7f)
+            return "holds a control character";
+        if ((n = pl_utf8_len(p + i, len - i)) == 0)
+            return "is not valid UTF-8";
+    }
+    return NULL;
+}
 
 /* Sets the key's deployment from the deployment-id header. */
 static int read_deployment(const pl_request *req, pl_token_verifier *verifier,
@@ -72,6 +89,9 @@ int pl_poll_key(const pl_request *req, pl_token_verifier *verifier, int enforce,
         PL_HDR_CONTROLLER_ID, PL_HDR_DEPLOYMENT_ID, PL_HDR_DEPLOYMENT_VERSION,
         PL_HDR_MACHINE_CPU, PL_HDR_MACHINE_MEMORY,
     };
+    static const pl_header texts[] = {PL_HDR_CONTROLLER_ID, PL_HDR_DEPLOYMENT_VERSION};
+    const char *why;
+    int rc;
 
     *token = -1;
     *err = NULL;
@@ -97,7 +117,22 @@ int pl_poll_key(const pl_request *req, pl_token_verifier *verifier, int enforce,
         *err = "x-trigger-machine-memory must be a number";
     if (*err != NULL)
         return 400;
+    for (size_t i = 0; i < sizeof(texts) / sizeof(texts[0]); i++) {
+        pl_header h = texts[i];
+        if ((why = not_text(req->header[h], req->header_len[h])) != NULL) {
+            snprintf(msg, msglen, "%s %s", header_names[h], why);
+            *err = msg;
+            return 400;
+        }
+    }
     key->version = req->header[PL_HDR_DEPLOYMENT_VERSION];
     key->version_len = req->header_len[PL_HDR_DEPLOYMENT_VERSION];
-    return read_deployment(req, verifier, enforce, now, key, claims, token, err);
+    rc = read_deployment(req, verifier, enforce, now, key, claims, token, err);
+    if (rc == 0 && (why = not_text(key->deployment, key->deployment_len)) != NULL) {
+        /* the header's own bytes, or its token's deployment claim */
+        snprintf(msg, msglen, "%s %s", header_names[PL_HDR_DEPLOYMENT_ID], why);
+        *err = msg;
+        return 400;
+    }
+    return rc;
 }

@@ -306,12 +306,13 @@ static void on_sighup(uv_signal_t *sig, int signum)
 }
 
 /* The new process took over, or did not (then nothing changed here). */
-static void on_upgrade_done(void *arg, int ok)
+static void on_upgrade_done(void *arg, pl_upgrade_result result)
 {
     server *s = arg;
 
     s->up = NULL;
-    if (!ok || s->phase != SERVING)
+    pl_broker_count_upgrade(s->broker, result);
+    if (result != PL_UPGRADE_HANDED_OVER || s->phase != SERVING)
         return;
     /* It serves already: stop accepting and finish what is in progress,
      * with no drain delay (nothing needs to be taken out of rotation). */
@@ -335,10 +336,13 @@ static void on_sigusr2(uv_signal_t *sig, int signum)
         .program = s->cfg->upgrade_binary[0] ? s->cfg->upgrade_binary : s->exe,
         .argv = s->argv,
         .envp = s->envp,
+        .step_ms = s->cfg->upgrade_step_timeout_ms,
         .done = on_upgrade_done,
         .arg = s,
     };
     s->up = pl_upgrade_start(&o);
+    if (s->up == NULL)
+        pl_broker_count_upgrade(s->broker, PL_UPGRADE_FAILED);
 }
 
 /* A server context for one listener serving <serves>, not yet listening.

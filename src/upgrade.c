@@ -1,6 +1,5 @@
 /* upgrade.c -- SIGUSR2: start the new binary, hand it every socket, step down. */
 #include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,19 +14,40 @@
 #include "pilotlight/mem.h"
 #include "pilotlight/upgrade.h"
 
+/* The old side is a small state machine on the loop: it never blocks, so
+ * the process serves throughout, and each step has its bound. */
+enum { AWAIT_HELLO, SENDING, AWAIT_READY };
+
+/* A connection being handed over: a parked poll (<w> set) or an idle one. */
+typedef struct {
+    pl_waiter *w;
+    pl_conn *c;
+    int frozen;     /* pl_conn_freeze()'s answer */
+    uint8_t serves; /* PL_SERVE_* of its listener */
+} held;
+
 struct pl_upgrade {
     pl_upgrade_opts o;
     uv_process_t proc;
     uv_poll_t poll;
-    uv_timer_t timer;
+    uv_timer_t timer; /* the current step's bound */
     int sock;
-    int handles;     /* open handles; freed when none is left */
-    int finished;    /* done() has run */
+    int handles;      /* open handles; freed when none is left */
+    int finished;     /* done() has run */
     int exited;
-    /* What was sent, to settle or close once READY comes. */
-    pl_waiter **parked;
-    pl_conn **idle;
+    int step;         /* AWAIT_HELLO, SENDING, AWAIT_READY */
+    /* What is handed over, in record order (then END): the listeners, the
+     * parked polls (held: nothing here answers them until the verdict) and
+     * the idle connections (frozen: nothing here reads them). */
+    int lfd[2 * PL_HTTP_LISTENERS_MAX];
+    uint8_t lserves[2 * PL_HTTP_LISTENERS_MAX];
+    size_t nlisteners;
+    held *parked, *idle;
     size_t nparked, nidle, cap_parked, cap_idle;
+    int out_of_memory;
+    size_t sent;        /* records sent so far */
+    uint64_t held_ns;   /* when the polls were held */
+    uint64_t window_ns; /* from then to READY: neither process could match them */
 };
 
 static void handle_closed(uv_handle_t *h)
@@ -47,32 +67,49 @@ static void close_handle(uv_handle_t *h)
         uv_close(h, handle_closed);
 }
 
+/* Gives back what was held for a hand-over that did not happen: each poll
+ * is served here again, a deadline passed meanwhile answered at once. */
+static void release(pl_upgrade *u)
+{
+    for (size_t i = 0; i < u->nparked; i++) {
+        pl_conn_thaw(u->parked[i].c, u->parked[i].frozen);
+        pl_broker_hold(u->o.broker, u->parked[i].w, 0);
+    }
+    for (size_t i = 0; i < u->nidle; i++)
+        pl_conn_thaw(u->idle[i].c, u->idle[i].frozen);
+    u->nparked = u->nidle = 0;
+}
+
 /* Ends the upgrade either way: done() runs once, the socket and timers
- * close; a new process that did not take over is killed. */
-static void finish(pl_upgrade *u, int ok, const char *why)
+ * close; a new process that did not take over is killed, and what was
+ * held for it is released first. */
+static void finish(pl_upgrade *u, pl_upgrade_result result, const char *why)
 {
     if (u->finished)
         return;
     u->finished = 1;
-    if (ok)
+    if (result == PL_UPGRADE_HANDED_OVER) {
         PL_LOG(PL_LOG_INFO, "upgrade: handed over",
-               "\"pid\":%d,\"parked\":%zu,\"idle\":%zu", u->proc.pid, u->nparked, u->nidle);
-    else
+               "\"pid\":%d,\"parked\":%zu,\"idle\":%zu,\"transfer_ms\":%.3f", u->proc.pid,
+               u->nparked, u->nidle, (double)u->window_ns / 1e6);
+    } else {
+        release(u);
         PL_LOG(PL_LOG_ERROR, "upgrade failed: still serving", "\"error\":\"%s\"", why);
+    }
     close(u->sock);
     u->sock = -1;
     close_handle((uv_handle_t *)&u->poll);
     close_handle((uv_handle_t *)&u->timer);
-    if (!ok && !u->exited)
+    if (result != PL_UPGRADE_HANDED_OVER && !u->exited)
         uv_process_kill(&u->proc, SIGKILL); /* its exit closes the handle */
     else
         close_handle((uv_handle_t *)&u->proc); /* the new process lives on */
-    u->o.done(u->o.arg, ok);
+    u->o.done(u->o.arg, result);
 }
 
 void pl_upgrade_abort(pl_upgrade *u, const char *why)
 {
-    finish(u, 0, why);
+    finish(u, PL_UPGRADE_ABORTED, why);
 }
 
 static void on_child_exit(uv_process_t *p, int64_t status, int signo)
@@ -83,45 +120,38 @@ static void on_child_exit(uv_process_t *p, int64_t status, int signo)
     u->exited = 1;
     snprintf(why, sizeof(why), "the new process exited (status %lld, signal %d) "
              "before taking over", (long long)status, signo);
-    finish(u, 0, why);
+    finish(u, PL_UPGRADE_FAILED, why);
     close_handle((uv_handle_t *)p);
 }
 
 static void on_timeout(uv_timer_t *t)
 {
-    finish(t->data, 0, "the new process did not say HELLO in time");
+    pl_upgrade *u = t->data;
+    char why[128];
+
+    snprintf(why, sizeof(why), "the new process %s within %llu ms",
+             u->step == AWAIT_HELLO ? "did not say HELLO"
+             : u->step == SENDING   ? "took in no part of the state"
+                                    : "did not answer READY",
+             (unsigned long long)u->o.step_ms);
+    finish(u, PL_UPGRADE_TIMEOUT, why);
 }
 
-/* ---- the old side: send ---- */
+static void on_io(uv_poll_t *p, int status, int events);
 
-typedef struct {
-    pl_upgrade *u;
-    pl_handover_rec recs[PL_HANDOVER_BATCH];
-    size_t n, total;
-    unsigned serves;
-    int err;
-} batch;
-
-static void flush(batch *bt)
+/* Step <step> begins, or makes progress: its bound starts again, and the
+ * socket is watched for <events> (0: not at all). */
+static void step_to(pl_upgrade *u, int step, int events)
 {
-    int rc;
-
-    if (bt->err || bt->n == 0)
-        return;
-    rc = pl_handover_send(bt->u->sock, bt->recs, bt->n);
-    if (rc != 0)
-        bt->err = rc;
-    bt->total += bt->n;
-    bt->n = 0;
+    u->step = step;
+    uv_timer_start(&u->timer, on_timeout, u->o.step_ms, 0);
+    if (events != 0)
+        uv_poll_start(&u->poll, events, on_io);
+    else
+        uv_poll_stop(&u->poll);
 }
 
-/* Appends <r>; the strings it points to must live until the next flush. */
-static void add(batch *bt, const pl_handover_rec *r)
-{
-    bt->recs[bt->n++] = *r;
-    if (bt->n == PL_HANDOVER_BATCH)
-        flush(bt);
-}
+/* ---- the old side: taking stock ---- */
 
 static int grow(void **arr, size_t *cap, size_t n, size_t size)
 {
@@ -137,128 +167,214 @@ static int grow(void **arr, size_t *cap, size_t n, size_t size)
     return 0;
 }
 
-static void send_parked(pl_conn *c, const pl_waiter_info *info, void *arg)
+static void note_parked(pl_conn *c, const pl_waiter_info *info, void *arg)
 {
-    batch *bt = arg;
-    pl_upgrade *u = bt->u;
-    int fd = pl_conn_handover_fd(c);
-    pl_handover_rec r = {.type = PL_HO_PARKED, .fd = fd};
-    const pl_config *cfg = pl_broker_config(u->o.broker);
+    pl_upgrade *u = arg;
 
-    if (fd < 0 || bt->err)
+    if (pl_conn_handover_fd(c) < 0 || u->out_of_memory)
         return; /* stays here, and is closed with the drain */
     if (grow((void **)&u->parked, &u->cap_parked, u->nparked, sizeof(*u->parked)) != 0) {
-        bt->err = -ENOMEM;
+        u->out_of_memory = 1;
         return;
     }
-    r.serves = (uint8_t)pl_broker_conn_serves(c);
-    r.keep_alive = (uint8_t)pl_conn_keep_alive(c);
-    r.age_ms = uv_now(u->o.loop) - info->parked_at;
-    r.ka_idle_s = (uint32_t)cfg->tcp_keepalive_idle_s;
-    r.ka_interval_s = (uint32_t)cfg->tcp_keepalive_interval_s;
-    r.ka_count = (uint32_t)cfg->tcp_keepalive_count;
-    r.user_timeout_ms = (uint32_t)cfg->tcp_user_timeout_ms;
-    r.key = info->key; /* points into the engine: unchanged until READY */
-    r.id = info->id;
-    r.id_len = info->id_len;
-    u->parked[u->nparked++] = info->w;
-    add(bt, &r);
+    u->parked[u->nparked++] = (held){info->w, c, 0, (uint8_t)pl_broker_conn_serves(c)};
 }
 
-static void send_idle(pl_conn *c, void *arg)
+static void note_idle(pl_conn *c, void *arg)
 {
-    batch *bt = arg;
-    pl_upgrade *u = bt->u;
-    pl_handover_rec r = {.type = PL_HO_IDLE, .serves = (uint8_t)bt->serves,
-                         .fd = pl_conn_handover_fd(c)};
+    pl_upgrade *u = arg;
 
-    if (bt->err)
+    if (u->out_of_memory)
         return;
     if (grow((void **)&u->idle, &u->cap_idle, u->nidle, sizeof(*u->idle)) != 0) {
-        bt->err = -ENOMEM;
+        u->out_of_memory = 1;
         return;
     }
-    u->idle[u->nidle++] = c;
-    add(bt, &r);
+    u->idle[u->nidle++] = (held){NULL, c, 0, (uint8_t)pl_broker_conn_serves(c)};
 }
 
-/* Sends everything, then waits for the verdict. Returns NULL on READY,
- * else why not. */
-static const char *hand_over(pl_upgrade *u)
+/* Notes what is to be handed over, then holds it: from here to the
+ * verdict no dispatch reaches a poll that both processes may hold, and
+ * nothing here reads a connection the other may be reading. Returns 0, or
+ * -1 when out of memory (then nothing is held). */
+static int take_stock(pl_upgrade *u)
 {
-    static char why[PL_HANDOVER_ID_MAX + 64];
-    batch bt = {.u = u};
-    pl_handover_rec verdict[PL_HANDOVER_BATCH];
-    char buf[PL_HANDOVER_MSG_MAX];
-    int n;
-
     for (int i = 0; i < 2; i++) {
-        pl_handover_rec r = {.type = PL_HO_LISTENER, .serves = (uint8_t)u->o.serves[i]};
-        for (int j = 0; u->o.https[i] != NULL && j < pl_http_listener_count(u->o.https[i]); j++)
-            if ((r.fd = pl_http_listener_fd(u->o.https[i], j)) >= 0)
-                add(&bt, &r);
+        for (int j = 0; u->o.https[i] != NULL && j < pl_http_listener_count(u->o.https[i]);
+             j++) {
+            int fd = pl_http_listener_fd(u->o.https[i], j);
+            if (fd >= 0 && u->nlisteners < sizeof(u->lfd) / sizeof(u->lfd[0])) {
+                u->lfd[u->nlisteners] = fd;
+                u->lserves[u->nlisteners++] = (uint8_t)u->o.serves[i];
+            }
+        }
     }
-    pl_broker_each_parked(u->o.broker, send_parked, &bt);
-    for (int i = 0; i < 2; i++) {
-        bt.serves = u->o.serves[i];
+    pl_broker_each_parked(u->o.broker, note_parked, u);
+    for (int i = 0; i < 2; i++)
         if (u->o.https[i] != NULL)
-            pl_http_each_idle(u->o.https[i], send_idle, &bt);
+            pl_http_each_idle(u->o.https[i], note_idle, u);
+    if (u->out_of_memory) {
+        u->nparked = u->nidle = 0;
+        return -1;
     }
-    flush(&bt);
-    add(&bt, &(pl_handover_rec){.type = PL_HO_END, .count = bt.total, .fd = -1});
-    flush(&bt);
-    if (bt.err) {
-        snprintf(why, sizeof(why), "sending the state: %s", strerror(-bt.err));
-        return why;
+    u->held_ns = uv_hrtime();
+    for (size_t i = 0; i < u->nparked; i++) {
+        pl_broker_hold(u->o.broker, u->parked[i].w, 1);
+        u->parked[i].frozen = pl_conn_freeze(u->parked[i].c);
     }
-    n = pl_handover_recv(u->sock, verdict, buf);
-    if (n > 0 && verdict[0].type == PL_HO_READY)
-        return NULL;
-    if (n > 0 && verdict[0].type == PL_HO_FAIL)
-        snprintf(why, sizeof(why), "the new process could not adopt: %.*s",
-                 (int)verdict[0].id_len, verdict[0].id);
+    for (size_t i = 0; i < u->nidle; i++)
+        u->idle[i].frozen = pl_conn_freeze(u->idle[i].c);
+    return 0;
+}
+
+/* ---- the old side: sending ---- */
+
+/* Record <i> of the hand-over (END after the rest). Its strings point into
+ * the engine, unchanged while the poll is held. */
+static void record(pl_upgrade *u, size_t i, pl_handover_rec *r)
+{
+    const pl_config *cfg = pl_broker_config(u->o.broker);
+    pl_waiter_info info;
+
+    memset(r, 0, sizeof(*r));
+    r->fd = -1;
+    if (i < u->nlisteners) {
+        r->type = PL_HO_LISTENER;
+        r->serves = u->lserves[i];
+        r->fd = u->lfd[i];
+    } else if ((i -= u->nlisteners) < u->nparked) {
+        pl_engine_waiter_info(u->parked[i].w, &info);
+        r->type = PL_HO_PARKED;
+        r->serves = u->parked[i].serves;
+        r->fd = pl_conn_handover_fd(u->parked[i].c);
+        r->keep_alive = (uint8_t)pl_conn_keep_alive(u->parked[i].c);
+        r->age_ms = uv_now(u->o.loop) - info.parked_at;
+        r->ka_idle_s = (uint32_t)cfg->tcp_keepalive_idle_s;
+        r->ka_interval_s = (uint32_t)cfg->tcp_keepalive_interval_s;
+        r->ka_count = (uint32_t)cfg->tcp_keepalive_count;
+        r->user_timeout_ms = (uint32_t)cfg->tcp_user_timeout_ms;
+        r->key = info.key;
+        r->id = info.id;
+        r->id_len = info.id_len;
+    } else if ((i -= u->nparked) < u->nidle) {
+        r->type = PL_HO_IDLE;
+        r->serves = u->idle[i].serves;
+        r->fd = pl_conn_handover_fd(u->idle[i].c);
+    } else {
+        r->type = PL_HO_END;
+        r->count = u->nlisteners + u->nparked + u->nidle;
+    }
+}
+
+/* Why a send failed: the new process's own FAIL when it left one. */
+static const char *send_failed(pl_upgrade *u, int err, char *why, size_t len)
+{
+    pl_handover_rec recs[PL_HANDOVER_BATCH];
+    char buf[PL_HANDOVER_MSG_MAX];
+    int n = pl_handover_recv(u->sock, recs, buf);
+
+    if (n > 0 && recs[0].type == PL_HO_FAIL)
+        snprintf(why, len, "the new process could not adopt: %.*s", (int)recs[0].id_len,
+                 recs[0].id);
     else
-        snprintf(why, sizeof(why), "no answer from the new process: %s",
-                 n < 0 ? strerror(-n) : n == 0 ? "closed" : "unexpected message");
+        snprintf(why, len, "sending the state: %s", strerror(-err));
+    for (int i = 0; i < n; i++)
+        if (pl_handover_has_fd(recs[i].type))
+            close(recs[i].fd);
     return why;
 }
 
-static void on_hello(uv_poll_t *p, int status, int events)
+/* Sends as much of the hand-over as the socket takes, one message at a
+ * time; then waits for the verdict. */
+static void send_some(pl_upgrade *u)
+{
+    size_t total = u->nlisteners + u->nparked + u->nidle; /* END's index */
+    char why[PL_HANDOVER_ID_MAX + 64];
+
+    while (u->sent <= total) {
+        pl_handover_rec recs[PL_HANDOVER_BATCH];
+        size_t n = 0;
+        int rc;
+
+        while (n < PL_HANDOVER_BATCH && u->sent + n <= total) {
+            record(u, u->sent + n, &recs[n]);
+            n++;
+        }
+        rc = pl_handover_send(u->sock, recs, n);
+        if (rc == -EAGAIN || rc == -EWOULDBLOCK) {
+            uv_poll_start(&u->poll, UV_WRITABLE, on_io); /* its bound runs on */
+            return;
+        }
+        if (rc != 0) {
+            finish(u, PL_UPGRADE_FAILED, send_failed(u, rc, why, sizeof(why)));
+            return;
+        }
+        u->sent += n;
+        step_to(u, SENDING, 0);
+    }
+    step_to(u, AWAIT_READY, UV_READABLE);
+}
+
+/* ---- the old side: the new process's messages ---- */
+
+/* READY: the new process holds every socket sent; our descriptors close
+ * without a byte written, which the peers cannot see. */
+static void handed_over(pl_upgrade *u)
+{
+    u->window_ns = uv_hrtime() - u->held_ns;
+    for (size_t i = 0; i < u->nparked; i++)
+        pl_broker_hand_over(u->o.broker, u->parked[i].w);
+    for (size_t i = 0; i < u->nidle; i++)
+        pl_conn_close(u->idle[i].c);
+    finish(u, PL_UPGRADE_HANDED_OVER, NULL);
+}
+
+static void on_io(uv_poll_t *p, int status, int events)
 {
     pl_upgrade *u = p->data;
-    pl_handover_rec hello[PL_HANDOVER_BATCH];
-    char buf[PL_HANDOVER_MSG_MAX];
-    struct timeval tv = {PL_UPGRADE_TIMEOUT_MS / 1000, 0};
-    const char *why;
+    pl_handover_rec recs[PL_HANDOVER_BATCH];
+    char buf[PL_HANDOVER_MSG_MAX], why[PL_HANDOVER_ID_MAX + 64];
     int n;
 
     (void)events;
-    uv_poll_stop(p);
-    n = status < 0 ? status : pl_handover_recv(u->sock, hello, buf);
-    if (n == 0 && !u->exited)
-        return; /* closed: its exit (or the timer) tells why */
-    if (n <= 0 || hello[0].type != PL_HO_HELLO) {
-        finish(u, 0, "the new process closed its end before HELLO");
+    if (u->step == SENDING && status == 0) {
+        send_some(u);
         return;
     }
-    uv_timer_stop(&u->timer);
-    /* From here to READY the loop waits: bounded by the socket timeouts
-     * (uv_poll made the socket non-blocking). */
-    fcntl(u->sock, F_SETFL, fcntl(u->sock, F_GETFL) & ~O_NONBLOCK);
-    setsockopt(u->sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    setsockopt(u->sock, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-    why = hand_over(u);
-    if (why != NULL) {
-        finish(u, 0, why);
+    n = status < 0 ? status : pl_handover_recv(u->sock, recs, buf);
+    if (n == -EAGAIN || n == -EWOULDBLOCK || n == -EINTR)
+        return;
+    for (int i = 0; i < n; i++) /* nothing it sends us carries one */
+        if (pl_handover_has_fd(recs[i].type))
+            close(recs[i].fd);
+    if (u->step == AWAIT_HELLO) {
+        if (n == 0 && !u->exited) {
+            uv_poll_stop(p); /* closed: its exit (or the bound) tells why */
+            return;
+        }
+        if (n <= 0 || recs[0].type != PL_HO_HELLO) {
+            finish(u, PL_UPGRADE_FAILED, "the new process closed its end before HELLO");
+            return;
+        }
+        if (take_stock(u) != 0) {
+            finish(u, PL_UPGRADE_FAILED, "out of memory");
+            return;
+        }
+        step_to(u, SENDING, 0);
+        send_some(u);
         return;
     }
-    /* The new process holds every socket sent: our descriptors close
-     * without a byte written, which the peers cannot see. */
-    for (size_t i = 0; i < u->nparked; i++)
-        pl_broker_hand_over(u->o.broker, u->parked[i]);
-    for (size_t i = 0; i < u->nidle; i++)
-        pl_conn_close(u->idle[i]);
-    finish(u, 1, NULL);
+    if (n > 0 && recs[0].type == PL_HO_READY) {
+        handed_over(u);
+        return;
+    }
+    if (n > 0 && recs[0].type == PL_HO_FAIL)
+        snprintf(why, sizeof(why), "the new process could not adopt: %.*s",
+                 (int)recs[0].id_len, recs[0].id);
+    else
+        snprintf(why, sizeof(why), "no answer from the new process: %s",
+                 n < 0 ? strerror(-n) : n == 0 ? "closed" : "unexpected message");
+    finish(u, PL_UPGRADE_FAILED, why);
 }
 
 /* The environment for the new process: ours, with PL_HANDOVER_ENV=3. */
@@ -327,10 +443,9 @@ pl_upgrade *pl_upgrade_start(const pl_upgrade_opts *opts)
     u->sock = sv[0];
     u->proc.data = u->poll.data = u->timer.data = u;
     u->handles = 3;
-    uv_poll_init(opts->loop, &u->poll, u->sock);
-    uv_poll_start(&u->poll, UV_READABLE, on_hello);
+    uv_poll_init(opts->loop, &u->poll, u->sock); /* makes it non-blocking */
     uv_timer_init(opts->loop, &u->timer);
-    uv_timer_start(&u->timer, on_timeout, PL_UPGRADE_TIMEOUT_MS, 0);
+    step_to(u, AWAIT_HELLO, UV_READABLE);
     PL_LOG(PL_LOG_INFO, "upgrade: started", "\"pid\":%d", u->proc.pid);
     return u;
 fail:
@@ -449,7 +564,8 @@ int pl_upgrade_adopt(int fd, pl_broker *broker, pl_http *const https[2],
 {
     adoption a = {.b = broker, .https = https, .serves = serves};
     pl_handover_rec r = {.type = PL_HO_HELLO, .count = (uint64_t)getpid(), .fd = -1};
-    struct timeval tv = {PL_UPGRADE_TIMEOUT_MS / 1000, 0};
+    uint64_t ms = pl_broker_config(broker)->upgrade_step_timeout_ms;
+    struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)(ms % 1000 * 1000)};
     const char *why;
     char state[64];
 

@@ -37,13 +37,20 @@ void pl_broker_on_response(void *b, unsigned tag, int status);
 
 /* Takes up <next> (a live reload): caps, order and park timeout, token
  * mode and secrets (a new verifier, so a dropped secret's cached tokens go
- * too), what /connect serves. Everything else the broker reads from its
- * cfg at each use, so the caller then copies <next> over that cfg. Returns
- * 0, or -1 when out of memory (nothing changed). Counts the reload. */
+ * too), what /connect serves. Tighter rules apply to what is parked: a
+ * poll a new one like it would not pass is answered as that one would be
+ * (token rules: revoked, 401 or closed unanswered when its token was never
+ * verified here; a lower cap: rejected, 503, the newest first). Everything
+ * else the broker reads from its cfg at each use, so the caller then copies
+ * <next> over that cfg. Returns 0, or -1 when out of memory (nothing
+ * changed). Counts the reload. */
 int pl_broker_reconfigure(pl_broker *b, const pl_config *next);
 
 /* Counts a reload that failed before reaching the broker (a bad file). */
 void pl_broker_count_reload_error(pl_broker *b);
+
+/* Counts a binary upgrade's end. */
+void pl_broker_count_upgrade(pl_broker *b, pl_upgrade_result result);
 
 /* Calls <fn> for every parked poll (not one whose delivery awaits its
  * confirmation), oldest first, with its connection. <fn> must not change
@@ -57,6 +64,11 @@ const pl_config *pl_broker_config(const pl_broker *b);
 
 /* PL_SERVE_* of the listener <c> came in on. */
 unsigned pl_broker_conn_serves(const pl_conn *c);
+
+/* Holds (<on>) the parked poll <w> while a new process may be taking its
+ * socket over, or releases it (pl_engine_hold): held, nothing here answers
+ * it. A release brings its deadline back, even one passed meanwhile. */
+void pl_broker_hold(pl_broker *b, pl_waiter *w, int on);
 
 /* Settles the parked poll <w> as handed over to a new process: its
  * connection is closed here without a word (the new process holds the

@@ -12,6 +12,10 @@
 
 #define PL_CONFIG_HOST_MAX 256
 #define PL_CONFIG_STRING_MAX 512
+/* The configuration file: at most this many bytes, each line at most
+ * PL_CONFIG_LINE_MAX (its newline aside); beyond either it is refused. */
+#define PL_CONFIG_FILE_MAX (1024 * 1024)
+#define PL_CONFIG_LINE_MAX 1024
 
 typedef struct {
     char host[PL_CONFIG_HOST_MAX]; /* IPv4, IPv6 or a name; "" = not set */
@@ -49,6 +53,7 @@ typedef struct {
     char token_secret_previous[PL_CONFIG_STRING_MAX];      /* rotation; never printed */
     char token_secret_previous_file[PL_CONFIG_STRING_MAX]; /* read into the above */
     char upgrade_binary[PL_CONFIG_STRING_MAX];    /* SIGUSR2 runs it; "" = our own */
+    uint64_t upgrade_step_timeout_ms; /* each step of the new process, at most */
     int log_level;            /* pl_log_level */
 } pl_config;
 

@@ -24,6 +24,7 @@ typedef enum {
     PL_OUTCOME_SHUTDOWN,    /* server draining: closed without a response */
     PL_OUTCOME_REJECTED,    /* refused at park: over a cap (503) */
     PL_OUTCOME_HANDED_OVER, /* its connection went to a new process (upgrade) */
+    PL_OUTCOME_REVOKED,     /* a reload's token rules no longer admit it */
     PL_OUTCOME_ABORTED,     /* matched, but the broker gave up on its delivery
                              * and reset the connection (delivery = confirm) */
     PL_OUTCOME__COUNT
@@ -33,8 +34,9 @@ typedef enum { PL_ORDER_FIFO = 0, PL_ORDER_LIFO } pl_order;
 
 /* Called exactly once per waiter, from inside the engine, once the waiter
  * has left every queue. <owner> is what was given to pl_engine_park(). <arg>
- * is the payload for PL_OUTCOME_MATCHED and a reason string for
- * PL_OUTCOME_REJECTED, NULL otherwise. For MATCHED the callback returns 0 if
+ * is the payload for PL_OUTCOME_MATCHED, a reason string for
+ * PL_OUTCOME_REJECTED, what pl_engine_revoke()'s judge gave for
+ * PL_OUTCOME_REVOKED, NULL otherwise. For MATCHED the callback returns 0 if
  * the payload was handed to a live client, PL_SETTLE_PENDING if it was
  * written but its delivery is still to be confirmed (the waiter then stays
  * counted as parked, out of every queue, until pl_engine_confirm()), and any
@@ -106,6 +108,8 @@ typedef struct {
     uint64_t parked_at;
     void *owner;
     pl_waiter *w;
+    unsigned tag;  /* pl_engine_set_tag()'s, 0 until set */
+    int held;      /* held for a hand-over (pl_engine_hold) */
 } pl_waiter_info;
 
 /* Calls <fn> for every parked waiter, oldest first. <fn> must not change
@@ -113,9 +117,38 @@ typedef struct {
 size_t pl_engine_each_waiter(const pl_engine *e,
                              void (*fn)(const pl_waiter_info *info, void *arg), void *arg);
 
+/* What one waiter is (as pl_engine_each_waiter gives it). */
+void pl_engine_waiter_info(const pl_waiter *w, pl_waiter_info *info);
+
 /* Replaces the options (a live reload): caps and order apply from the next
  * park and dispatch, the park timeout to every waiter's deadline. */
 void pl_engine_set_opts(pl_engine *e, const pl_engine_opts *opts);
+
+/* Applies the caps to what is parked (after pl_engine_set_opts lowered
+ * them): the newest waiters of a key over max_waiters_per_key, then the
+ * newest over max_waiters, are settled REJECTED with the reason a new poll
+ * would get. Held waiters stay. Returns how many. */
+size_t pl_engine_enforce_caps(pl_engine *e);
+
+/* Calls <judge> for every parked waiter not held, oldest first, with its
+ * tag in *tag. A nonzero answer settles it PL_OUTCOME_REVOKED, the
+ * callback's <arg> being what <judge> left in *why (NULL to start with);
+ * otherwise the waiter keeps *tag as its tag. <judge> must not change the
+ * engine. Returns how many were revoked. */
+size_t pl_engine_revoke(pl_engine *e,
+                        int (*judge)(const pl_waiter_info *info, unsigned *tag,
+                                     const void **why, void *arg),
+                        void *arg);
+
+/* Marks <w> as its owner's: 7 bits (0-127) kept in the waiter and read back
+ * in pl_waiter_info. The engine gives them no meaning. */
+void pl_engine_set_tag(pl_waiter *w, unsigned tag);
+
+/* <on>: <w> is being handed to another process, which holds its socket
+ * too: until released (<on> 0), no dispatch matches it, its deadline waits,
+ * no newer poll replaces it, no cap or judge ends it. Only a drain or an
+ * explicit settle does. A release leaves it where it was in every order. */
+void pl_engine_hold(pl_engine *e, pl_waiter *w, int on);
 
 /* Settles one parked waiter with <outcome> (timeout, disconnect, shutdown,
  * handed_over). */

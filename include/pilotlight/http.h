@@ -268,6 +268,16 @@ int pl_conn_handover_fd(const pl_conn *c);
 /* Whether <c>'s current request allows keep-alive. */
 int pl_conn_keep_alive(const pl_conn *c);
 
+/* While another process may be taking <c>'s socket over: <c> reads
+ * nothing (the bytes would be the other's) and leaves its timer list
+ * (nothing closes it here meanwhile). Returns what pl_conn_thaw() needs. */
+int pl_conn_freeze(pl_conn *c);
+
+/* Undoes pl_conn_freeze(<c>), given what it returned: <c> reads again (an
+ * EOF that came meanwhile is seen then) and, if it was waiting for a
+ * request, times out afresh. */
+void pl_conn_thaw(pl_conn *c, int frozen);
+
 /* Calls <fn> for each idle connection that can be handed over (holding no
  * application data). Returns how many. */
 size_t pl_http_each_idle(pl_http *h, void (*fn)(pl_conn *c, void *arg), void *arg);

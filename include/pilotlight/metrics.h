@@ -60,6 +60,15 @@ typedef enum {
     PL_CONFIRM__COUNT
 } pl_confirm_outcome;
 
+/* How a binary upgrade (SIGUSR2) ended, seen from the process upgraded. */
+typedef enum {
+    PL_UPGRADE_HANDED_OVER = 0, /* the new process took everything over */
+    PL_UPGRADE_FAILED,          /* it could not start, exited or refused */
+    PL_UPGRADE_TIMEOUT,         /* it missed a step's bound: killed */
+    PL_UPGRADE_ABORTED,         /* SIGTERM or SIGINT came first: killed */
+    PL_UPGRADE__COUNT
+} pl_upgrade_result;
+
 #define PL_HISTOGRAM_MAX_BUCKETS 16
 
 typedef struct {
@@ -84,6 +93,7 @@ typedef struct {
     int proc_ok;                   /* 0 when /proc could not be read */
     uint64_t token_secret[2];       /* valid tokens: current, previous secret */
     uint64_t reloads[2];            /* SIGHUP reloads: ok, error */
+    uint64_t upgrades[PL_UPGRADE__COUNT]; /* SIGUSR2 upgrades, by result */
     uint64_t max_waiters, max_waiters_per_key, max_connections; /* in effect */
     uint64_t confirm_method[PL_CONFIRM_BY__COUNT];
     uint64_t confirm[PL_CONFIRM__COUNT];

@@ -14,9 +14,12 @@
  * or <claims>. With a <verifier>, the deployment-id header is verified
  * (<now> in seconds since the epoch) and *token set to its pl_token_result;
  * otherwise *token is -1. A valid token names the deployment, and must be
- * for the version in the header. Returns 0, or the HTTP status to answer
- * (400 malformed; 401 when <enforce> and the token is not valid) with *err
- * set, possibly to <msg>. */
+ * for the version in the header. The controller id, the version and the
+ * key's deployment (the header, or its token's claim) must be well-formed
+ * UTF-8 without control characters, as any key a dispatch body can name.
+ * Returns 0, or the HTTP status to answer (400 malformed, naming the
+ * header; 401 when <enforce> and the token is not valid) with *err set,
+ * possibly to <msg>. */
 int pl_poll_key(const pl_request *req, pl_token_verifier *verifier, int enforce,
                 double now, pl_key *key, pl_token_claims *claims, int *token,
                 const char **err, char *msg, size_t msglen);

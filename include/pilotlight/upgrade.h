@@ -4,9 +4,12 @@
  *
  * The old process stays in charge until the new one says READY: until then
  * it changed nothing, so any failure (the program does not start, dies,
- * says FAIL, or is silent for PL_UPGRADE_TIMEOUT_MS) leaves it serving as
- * before. The hand-over itself, from HELLO to READY, runs without returning
- * to the loop, so no poll can be matched by both processes. */
+ * says FAIL, or misses a step's bound) leaves it serving as before. Its
+ * side runs on the loop and never blocks: it serves throughout. From the
+ * moment it takes stock (HELLO) to the verdict, what it hands over is held
+ * here: no dispatch matches a poll being handed over, nothing reads an idle
+ * connection being handed over, so no poll can be matched by both
+ * processes; polls parked meanwhile are its own. */
 #ifndef PILOTLIGHT_UPGRADE_H
 #define PILOTLIGHT_UPGRADE_H
 
@@ -14,8 +17,6 @@
 
 #include "pilotlight/broker.h"
 #include "pilotlight/http.h"
-
-#define PL_UPGRADE_TIMEOUT_MS 30000
 
 typedef struct pl_upgrade pl_upgrade;
 
@@ -27,9 +28,11 @@ typedef struct {
     const char *program;
     char **argv;        /* the new process gets argv[1..] */
     char **envp;        /* and this environment, plus PL_HANDOVER_ENV */
-    /* Called once: <ok> when the new process took everything over (the
-     * caller then stops accepting and drains), else 0 (still serving). */
-    void (*done)(void *arg, int ok);
+    uint64_t step_ms;   /* the bound of each step: HELLO, each message, READY */
+    /* Called once: PL_UPGRADE_HANDED_OVER when the new process took
+     * everything over (the caller then stops accepting and drains), else
+     * why not (still serving, everything held released). */
+    void (*done)(void *arg, pl_upgrade_result result);
     void *arg;
 } pl_upgrade_opts;
 
@@ -39,10 +42,11 @@ typedef struct {
 pl_upgrade *pl_upgrade_start(const pl_upgrade_opts *opts);
 
 /* Gives up an upgrade not yet handed over (e.g. SIGTERM came first): the
- * new process is killed, done(arg, 0) runs. */
+ * new process is killed, done(arg, PL_UPGRADE_ABORTED) runs. */
 void pl_upgrade_abort(pl_upgrade *u, const char *why);
 
-/* The new process's side: reads the state from <fd> (then closes it) and
+/* The new process's side, before its loop runs: reads the state from <fd>
+ * (then closes it; each read bounded by upgrade_step_timeout_ms) and
  * adopts listeners into <https> by their serves, parked polls into
  * <broker>, idle connections. Answers READY and tells the service manager
  * (MAINPID, READY=1), or FAIL with the reason. Returns 0, or -1 (logged):

@@ -57,7 +57,7 @@ def test_matched_poll_with_unicode_and_escapes(server):
 # -- park timeout ---------------------------------------------------------------
 
 def test_park_timeout_answers_204_without_body(start_server):
-    s = start_server("--park-timeout-ms", "300")
+    s = start_server("--park-timeout-ms", "300", "--connection-timeout-ms", "250")
     t0 = time.monotonic()
     c = s.park()
     r = c.read_response(timeout=5)

@@ -30,7 +30,7 @@ def test_keepalive_repoll_on_same_connection(server):
 
 
 def test_repoll_after_204_on_same_connection(start_server):
-    s = start_server("--park-timeout-ms", "200")
+    s = start_server("--park-timeout-ms", "200", "--connection-timeout-ms", "150")
     c = s.conn()
     for _ in range(2):
         c.request("GET", "/warm-start", poll_headers(controller_id="controller_t"))

@@ -126,6 +126,7 @@ class PeakRss(threading.Thread):
 
 def test_mixed_operations_allocate_no_chunk(start_server):
     s = start_server("--park-timeout-ms", str(PARK_TIMEOUT_MS),
+                     "--connection-timeout-ms", str(PARK_TIMEOUT_MS // 2),
                      "--max-body-bytes", str(MAX_BODY))
     if under_valgrind(s.proc.pid):
         pytest.skip("100,000 operations are too slow under valgrind")

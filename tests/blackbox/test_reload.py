@@ -3,6 +3,7 @@ reload on SIGHUP (caps, log level, timeouts, tokens) that closes no parked
 poll, and token-secret rotation with a previous secret."""
 
 import json
+import os
 import signal
 import socket
 import threading
@@ -159,14 +160,39 @@ def test_reload_new_cap_applies_to_new_parks(start_server, tmp_path):
     conf = tmp_path / "p.conf"
     write_conf(conf, max_waiters_per_key=5)
     s = start_server("--config", str(conf))
-    polls = [s.park() for _ in range(3)]
+    polls = [s.park() for _ in range(2)]
     write_conf(conf, max_waiters_per_key=2, connection_timeout_ms=12345)
     hup(s)
     r = s.conn()
     r.request("GET", "/warm-start", poll_headers())
-    assert r.read_response().status == 503  # three parked, the cap is two now
-    assert all(p.silent_for(0.05) for p in polls)  # lowering a cap closes nothing
+    assert r.read_response().status == 503  # two parked, the cap is two now
+    assert all(p.silent_for(0.05) for p in polls)  # within the cap: nothing closed
     assert s.get("/connect").json()["connectionTimeoutMs"] == 12345
+
+
+def test_reload_that_lowers_a_cap_answers_the_polls_over_it(start_server, tmp_path):
+    """What a cap in force would have refused is refused now, as a new poll
+    would be: 503, newest first, per key and then in all."""
+    conf = tmp_path / "p.conf"
+    write_conf(conf, max_waiters=100, max_waiters_per_key=5)
+    s = start_server("--config", str(conf))
+    a = [s.park(deployment="deployment_cap_a") for _ in range(4)]
+    b = [s.park(deployment="deployment_cap_b") for _ in range(2)]
+    write_conf(conf, max_waiters=4, max_waiters_per_key=3)
+    hup(s)
+    # a: 4 > 3, its newest goes; then 5 > 4 in all: b's newest
+    for p, why in ((a[3], "deployment and machine"), (b[1], "on this server")):
+        r = p.read_response(timeout=5)
+        assert r.status == 503 and why in r.json()["error"], r
+    assert all(p.silent_for(0.05) for p in a[:3] + b[:1])
+    m = assert_ledger(s.metrics())
+    assert m.settled("rejected") == 2 and m.parked_now == 4
+    assert logged(s, "reload: parked polls refused under the new settings",
+                  revoked=0, rejected=2)
+    # the rest are served as before
+    assert s.dispatch(make_message(deployment="deployment_cap_a")) is True
+    assert json.loads(a[0].read_response().body)["deployment"]["friendlyId"] == \
+        "deployment_cap_a"
 
 
 def test_broken_config_on_reload_changes_nothing(start_server, tmp_path):
@@ -277,3 +303,145 @@ def test_rotation_previous_secret_from_environment(start_server, tmp_path):
     assert c.silent_for(0.3)
     s.wait_metrics(lambda m: m.get("pilotlight_token_secret_valid_total",
                                    secret="previous") == 1)
+
+
+# -- a reload that tightens the token rules -----------------------------------
+
+def poll_status(s, dep, timeout=0.3):
+    """Parks a poll with x-trigger-deployment-id <dep>: its connection, once
+    the engine or a refusal has it."""
+    before = s.metrics()
+    c = s.conn()
+    c.request("GET", "/warm-start", poll_headers(deployment=dep))
+    s.wait_metrics(lambda m: m.parked_total > before.parked_total or
+                   m.sum("pilotlight_http_requests_total", route="park") >
+                   before.sum("pilotlight_http_requests_total", route="park"), timeout=20)
+    return c
+
+
+def test_reload_to_enforce_refuses_the_polls_a_new_one_would_not_pass(start_server, tmp_path):
+    """log -> enforce: a bare id and an invalid token parked under log get
+    401, as they would now; a valid token stays parked and is served."""
+    from test_identity import mint_many
+    good, forged = mint_many([
+        {"secret": NEW, "deployment": "deployment_tight_ok", "version": EX_VERSION},
+        {"secret": "not-" + NEW, "deployment": "deployment_tight_forged",
+         "version": EX_VERSION},
+    ])
+    conf = tmp_path / "p.conf"
+    write_conf(conf, token_mode="log", token_secret=NEW)
+    s = start_server("--config", str(conf))
+    bare = poll_status(s, "deployment_tight_bare")
+    bad = poll_status(s, forged)
+    ok = poll_status(s, good)
+    s.wait_parked(3)
+    write_conf(conf, token_mode="enforce", token_secret=NEW)
+    hup(s)
+    r = bare.read_response(timeout=5)
+    assert r.status == 401 and r.json()["error"] == "a signed deployment token is required"
+    r = bad.read_response(timeout=5)
+    assert r.status == 401 and r.json()["error"] == "invalid deployment token"
+    assert ok.silent_for(0.1)
+    m = assert_ledger(s.metrics())
+    assert m.settled("revoked") == 2 and m.parked_now == 1
+    assert logged(s, "reload: parked polls refused under the new settings",
+                  revoked=2, rejected=0)
+    # a new poll is judged the same way
+    assert poll_status(s, "deployment_tight_bare").read_response().status == 401
+    assert s.dispatch(make_message(deployment="deployment_tight_ok")) is True
+    assert json.loads(ok.read_response().body)["deployment"]["friendlyId"] == \
+        "deployment_tight_ok"
+
+
+def test_reload_from_disabled_asks_unverified_tokens_again(start_server, tmp_path):
+    """disabled -> enforce: a bare id gets 401; a token read but never
+    verified here is closed unanswered (a controller then polls again and
+    is judged), rather than refused on a guess."""
+    from test_identity import mint_many
+    (good,) = mint_many([{"secret": NEW, "deployment": "deployment_unv",
+                          "version": EX_VERSION}])
+    conf = tmp_path / "p.conf"
+    write_conf(conf, token_mode="disabled")
+    s = start_server("--config", str(conf))
+    bare = poll_status(s, "deployment_unv_bare")
+    unverified = poll_status(s, good)
+    s.wait_parked(2)
+    write_conf(conf, token_mode="enforce", token_secret=NEW)
+    hup(s)
+    assert bare.read_response(timeout=5).status == 401
+    assert unverified.wait_closed(timeout=5) == b""
+    m = assert_ledger(s.metrics())
+    assert m.settled("revoked") == 2 and m.parked_now == 0
+    # polled again, the same token parks
+    again = poll_status(s, good)
+    assert again.silent_for(0.1)
+    assert s.metrics().parked_now == 1
+
+
+def test_reload_that_drops_a_secret_refuses_the_polls_it_signed(start_server, tmp_path):
+    from test_identity import mint_many
+    tok_old, tok_new = mint_many([
+        {"secret": OLD, "deployment": "deployment_drop_old", "version": EX_VERSION},
+        {"secret": NEW, "deployment": "deployment_drop_new", "version": EX_VERSION},
+    ])
+    conf = tmp_path / "p.conf"
+    write_conf(conf, token_mode="enforce", token_secret=OLD)
+    s = start_server("--config", str(conf))
+    p_old = poll_status(s, tok_old)
+    # the rotation: both verify, nothing parked is refused
+    write_conf(conf, token_mode="enforce", token_secret=NEW, token_secret_previous=OLD)
+    hup(s)
+    p_new = poll_status(s, tok_new)
+    s.wait_parked(2)
+    assert p_old.silent_for(0.1) and p_new.silent_for(0.05)
+    # the old secret dropped: what it signed would get 401 now, and does
+    write_conf(conf, token_mode="enforce", token_secret=NEW)
+    hup(s)
+    r = p_old.read_response(timeout=5)
+    assert r.status == 401 and r.json()["error"] == "invalid deployment token"
+    assert p_new.silent_for(0.1)
+    m = assert_ledger(s.metrics())
+    assert m.settled("revoked") == 1 and m.parked_now == 1
+    assert s.dispatch(make_message(deployment="deployment_drop_new")) is True
+    assert p_new.read_response().status == 200
+
+
+# -- a reload to a file that is no file -----------------------------------------
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "directory", "two-mib", "long-line",
+                                  "secret-fifo", "senseless"])
+def test_reload_to_what_is_no_config_fails_counted_changing_nothing(start_server, tmp_path,
+                                                                   kind):
+    from test_config import make_hostile
+    conf, secret = tmp_path / "p.conf", tmp_path / "secret"
+    secret.write_text("s3cret\n")
+    write_conf(conf, max_waiters=300, connection_timeout_ms=4321, token_mode="log",
+               token_secret_file=secret)
+    s = start_server("--config", str(conf))
+    p = s.park()
+    if kind == "secret-fifo":
+        secret.unlink()
+        os.mkfifo(secret)
+        names, says = f"token_secret_file {secret}", "a FIFO, not a regular file"
+    elif kind == "senseless":
+        write_conf(conf, max_waiters=7, connection_timeout_ms=4321, park_timeout_ms=4000)
+        names, says = "park_timeout_ms = 4000", "is not above connection_timeout_ms = 4321"
+    else:
+        conf.unlink()
+        names, says = str(conf), make_hostile(kind, conf)
+    hup(s, "reload failed: configuration unchanged")
+    err = logged(s, "reload failed: configuration unchanged")[-1]["error"]
+    assert names in err and says in err, err
+    # the loop went on: nothing waited for the file
+    assert get(s.port, "/healthz").status == 200
+    m = s.metrics()
+    assert m.get("pilotlight_config_reloads_total", result="error") == 1
+    assert m.get("pilotlight_config_reloads_total", result="ok") == 0
+    assert m.get("pilotlight_config_max_waiters") == 300
+    assert s.get("/connect").json()["connectionTimeoutMs"] == 4321
+    # token_mode is still log (a default would be disabled): a poll is checked
+    q = s.park(deployment="deployment_after_reload")
+    s.wait_metrics(lambda m: m.get("pilotlight_token_checks_total", result="legacy") == 2)
+    assert p.silent_for(0.05) and q.silent_for(0.05)
+    assert s.dispatch() is True
+    assert json.loads(p.read_response().body)["run"]

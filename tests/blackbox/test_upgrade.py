@@ -329,3 +329,159 @@ def test_upgrade_with_a_separate_dispatch_listener(start_server, subreaper):
     assert r.status == 200 and r.json() == {"didWarmStart": True}
     assert c.read_response().status == 200
     stop_adopted(s, new)
+
+
+# -- a new process that misses a step ------------------------------------------
+
+STEP_MS = 1500
+# Under valgrind the server itself runs 20-50 times slower: a looser bound,
+# which a frozen loop (the whole step, 1.5 s) still breaks.
+PROMPT = 1.0 if UNDER_VALGRIND else 0.1
+# HELLO as handover.h encodes it: header (magic "PLHO", version 1, one
+# record, body length), then the record (length, type 1, serves 0, pid).
+STALLING = r'''#!/usr/bin/env python3
+import os, struct, time
+# it gets the old process's arguments and environment, and says what it does
+mode, marker = os.environ["STALL_MODE"], os.environ["STALL_MARKER"]
+if mode != "silent":
+    rec = struct.pack("<HBBQ", 10, 1, 0, os.getpid())
+    os.write(3, struct.pack("<IHHI", 0x4F484C50, 1, 1, len(rec)) + rec)
+if mode == "reads":  # every message, up to the one that ends with END (type 5)
+    while True:
+        msg = os.read(3, 65536)
+        off, types = 12, []
+        for _ in range(struct.unpack_from("<H", msg, 6)[0]):
+            n, t = struct.unpack_from("<HB", msg, off)
+            types.append(t)
+            off += 2 + n
+        if not msg or 5 in types:
+            break
+open(marker, "w").close()
+time.sleep(30)  # far past the bound; an old process killed by a test leaves it no longer
+'''
+
+
+def stalling_program(tmp_path):
+    p = tmp_path / "stalling-pilotlight"
+    p.write_text(STALLING)
+    p.chmod(0o755)
+    return str(p)
+
+
+def timed(fn):
+    t0 = time.monotonic()
+    out = fn()
+    return out, time.monotonic() - t0
+
+
+@pytest.mark.parametrize("mode,parked", [("silent", 24), ("hello", 24), ("reads", 24),
+                                         ("hello", 2000)],
+                         ids=["no-hello", "stalls-after-hello", "no-ready",
+                              "stalls-with-a-full-socket"])
+def test_a_new_process_that_misses_a_step_never_stops_the_old_one(start_server, tmp_path,
+                                                                   mode, parked):
+    """The old process serves throughout (each request answered within
+    100 ms), abandons the upgrade within the bound, kills the new process,
+    and still serves every poll parked before. The socket the new process
+    does not read fills with 2,000 polls' records (net.unix.max_dgram_qlen
+    messages): then the bound is on taking in the state."""
+    marker = tmp_path / "marker"
+    s = start_server("--upgrade-binary", stalling_program(tmp_path),
+                     env={"PILOTLIGHT_UPGRADE_STEP_TIMEOUT_MS": str(STEP_MS),
+                          "STALL_MODE": mode, "STALL_MARKER": str(marker)})
+    keys = [key_of(k, "deployment_stall") for k in range(4)]
+    if parked > 100:
+        socks = open_polls(s.port, [poll_headers(*keys[i % 4]) for i in range(parked)])
+        polls = []
+    else:
+        socks = []
+        polls = [s.park(wait=False, deployment=keys[i % 4][0], version=keys[i % 4][1],
+                        cpu=keys[i % 4][2], memory=keys[i % 4][3]) for i in range(parked)]
+    s.wait_parked(parked, timeout=60)
+    s.proc.send_signal(signal.SIGUSR2)
+    child = wait_logged(s, "upgrade: started")[-1]["pid"]
+    deadline = time.monotonic() + 20
+    while not marker.exists():
+        assert time.monotonic() < deadline, "the stalling program did not start"
+        time.sleep(0.005)
+    t_stall = time.monotonic()
+    slow, rounds, k = [], 0, 0
+    try:
+        while not logged(s, "upgrade failed: still serving"):
+            r, took = timed(lambda: request(s.port, "GET", "/healthz", timeout=2))
+            assert r.status == 200
+            slow += [("healthz", took)] if took >= PROMPT else []
+            dep = f"deployment_during_{k}"
+            k += 1
+            c = s.park(deployment=dep)
+            body = json.dumps({"dequeuedMessage": make_message(dep, run_id=f"run_{dep}")})
+            r, took = timed(lambda: request(s.port, "POST", "/warm-start",
+                                            {"Content-Type": "application/json"}, body,
+                                            timeout=2))
+            assert r.status == 200 and r.json() == {"didWarmStart": True}, r
+            slow += [("dispatch", took)] if took >= PROMPT else []
+            got, took2 = timed(lambda: c.read_response(timeout=2))
+            assert got.status == 200 and got.json()["run"]["friendlyId"] == f"run_{dep}"
+            slow += [("payload", took + took2)] if took + took2 >= PROMPT else []
+            rounds += 1
+            assert time.monotonic() - t_stall < STEP_MS / 1000 + 10, "never abandoned"
+        t_fail = time.monotonic()
+        assert slow == [], f"answers of {PROMPT} s or more: {slow} ({rounds} rounds)"
+        assert rounds >= 3
+        err = logged(s, "upgrade failed: still serving")[-1]["error"]
+        step = {"silent": "did not say HELLO", "hello": "took in no part of the state"
+                if parked > 100 else "did not answer READY",
+                "reads": "did not answer READY"}[mode]
+        assert err == f"the new process {step} within {STEP_MS} ms", err
+        # abandoned within the bound (from spawn, or from the last message)
+        assert t_fail - t_stall < STEP_MS / 1000 + 1.5, t_fail - t_stall
+        m = s.metrics()
+        assert m.get("pilotlight_upgrades_total", result="timeout") == 1
+        assert m.get("pilotlight_upgrades_total", result="handed_over") == 0
+        deadline = time.monotonic() + 10
+        while os.path.exists(f"/proc/{child}") and \
+                open(f"/proc/{child}/stat").read().split()[2] != "Z":
+            assert time.monotonic() < deadline, "the new process was not killed"
+            time.sleep(0.02)
+        # every poll parked before is served here, each once
+        assert m.parked_now == parked and m.settled("handed_over") == 0
+        assert all(p.silent_for(0) for p in polls) and readable(socks) == []
+        for i in range(parked):
+            d, v, cpu, mem = keys[i % 4]
+            assert s.dispatch(make_message(d, v, cpu, mem, f"run_before_{i}")) is True
+        runs = set()
+        for p in polls:
+            runs.add(p.read_response(timeout=5).json()["run"]["friendlyId"])
+        for sk in socks:
+            sk.settimeout(5)
+            data = b""
+            while b"run_before_" not in data or not data.rstrip().endswith(b"}"):
+                data += sk.recv(65536)
+            runs.add(json.loads(data.partition(b"\r\n\r\n")[2])["run"]["friendlyId"])
+        assert runs == {f"run_before_{i}" for i in range(parked)}
+        m = assert_ledger(s.metrics())
+        assert m.parked_now == 0
+    finally:
+        for sk in socks:
+            sk.close()
+
+
+def test_a_dispatch_never_reaches_a_poll_being_handed_over(start_server, tmp_path):
+    """While the new process may hold a poll's socket too, this one does not
+    answer it: a dispatch for its key finds no poll here (false) until the
+    upgrade is abandoned, then finds it."""
+    marker = tmp_path / "marker"
+    s = start_server("--upgrade-binary", stalling_program(tmp_path),
+                     env={"PILOTLIGHT_UPGRADE_STEP_TIMEOUT_MS": str(STEP_MS),
+                          "STALL_MODE": "reads", "STALL_MARKER": str(marker)})
+    p = s.park(deployment="deployment_held")
+    s.proc.send_signal(signal.SIGUSR2)
+    deadline = time.monotonic() + 20
+    while not marker.exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    assert s.dispatch(make_message(deployment="deployment_held")) is False
+    assert p.silent_for(0.05)
+    wait_logged(s, "upgrade failed: still serving")
+    assert s.dispatch(make_message(deployment="deployment_held")) is True
+    assert p.read_response().status == 200

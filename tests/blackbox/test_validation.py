@@ -1,6 +1,7 @@
 """400s for bad poll headers and bad dispatch bodies, dispatch misses, and
 the 413 / 431 / 414 limits."""
 
+import base64
 import copy
 import json
 
@@ -52,6 +53,55 @@ def test_bad_poll_header_is_400_naming_it(server, named, omit, over):
     assert named in error_of(r).lower(), r
     m = assert_ledger(server.metrics())
     assert m.parked_total == 0 and m.parked_now == 0
+
+
+def _unverified_token(claims):
+    """A JWT read (not verified) with token_mode = disabled: its deployment
+    claim is the key's deployment."""
+    def b64(obj):
+        raw = json.dumps(obj).encode()
+        return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+    return f"{b64({'alg': 'HS256', 'typ': 'JWT'})}.{b64(claims)}.c2lnbmF0dXJl"
+
+
+# A key no dispatch body can name (dispatch bodies are UTF-8 JSON, and a
+# control character in a header is none a controller sends): refused, not
+# parked to wait out every poll. Header values go out as latin-1, so each
+# character below is one byte on the wire.
+BAD_TEXT = [
+    ("deployment-id-not-utf8", DEP, "deployment_A\xff"),
+    ("deployment-id-overlong", DEP, "deployment_\xc0\xaf"),
+    ("deployment-id-surrogate", DEP, "deployment_\xed\xa0\x80"),
+    ("deployment-id-cut-short", DEP, "deployment_\xe2\x82"),
+    ("deployment-id-tab", DEP, "deploy\tment"),
+    ("deployment-claim-control", DEP, _unverified_token({"deployment": "deployment_\u0001"})),
+    ("version-not-utf8", VER, "20251130.1\xff"),
+    ("version-tab", VER, "20251130\t1"),
+    ("controller-id-not-utf8", CID, "controller_\xfe"),
+    ("controller-id-tab", CID, "controller\t1"),
+]
+
+
+@pytest.mark.parametrize("named,value", [b[1:] for b in BAD_TEXT], ids=[b[0] for b in BAD_TEXT])
+def test_key_header_that_is_not_text_is_400_naming_it(server, named, value):
+    c = server.conn()
+    c.request("GET", "/warm-start", poll_headers(extra={named: value}))
+    r = c.read_response(timeout=3)
+    assert r.status == 400, r
+    err = error_of(r)
+    assert err.startswith(named) and ("UTF-8" in err or "control character" in err), err
+    m = assert_ledger(server.metrics())
+    assert m.parked_total == 0 and m.parked_now == 0
+
+
+def test_key_in_utf8_parks_and_matches(server):
+    """Text beyond ASCII is a key like any other: the header's UTF-8 bytes
+    match the same characters in a dispatch body, escaped or not."""
+    dep = "d\u00e9ploiement_\u65e5\u672c"
+    c = server.park(deployment=dep.encode().decode("latin-1"),
+                    version="v\u00b2".encode().decode("latin-1"))
+    assert server.dispatch(make_message(deployment=dep, version="v\u00b2")) is True
+    assert read_payload(c)["deployment"]["friendlyId"] == dep
 
 
 # -- dispatch bodies ----------------------------------------------------------------

@@ -5,7 +5,7 @@
 #
 # Sets up and builds build-fuzz when it is missing (clang, ASan + UBSan,
 # libFuzzer; the build dir can be changed with FUZZ_BUILD_DIR). Then, for
-# each of fuzz_token, fuzz_request and fuzz_message:
+# each of fuzz_token, fuzz_request, fuzz_message and fuzz_config:
 #   1. replays tests/fuzz/corpus/<name>/ (-runs=0: every seed once, leak
 #      checks on), reading the committed corpus and never writing to it;
 #   2. fuzzes for SECONDS (default 10; 0 skips this step) with the target's
@@ -31,10 +31,11 @@ trap 'rm -rf "$tmp"' EXIT
 
 # name : -max_len (fuzz_token reads at most PL_TOKEN_MAX + 64 bytes; the
 # request target's biggest limits are 16 KiB of headers and 64 KiB of body,
-# but short inputs reach everything and run faster)
-targets="fuzz_token:4200 fuzz_request:8192 fuzz_message:8192"
-ntests=3
-[ "$secs" -gt 0 ] && ntests=6
+# but short inputs reach everything and run faster; a config line is at
+# most 1024 bytes)
+targets="fuzz_token:4200 fuzz_request:8192 fuzz_message:8192 fuzz_config:8192"
+ntests=$(echo $targets | wc -w)
+[ "$secs" -gt 0 ] && ntests=$((ntests * 2))
 
 give_up() {
     echo "$1"

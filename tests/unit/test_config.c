@@ -4,6 +4,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <sys/stat.h>
+
 #include "pilotlight/config.h"
 #include "unit.h"
 
@@ -311,6 +313,170 @@ static void test_diff_and_fit(void)
     CHECK_EQ(pl_config_fit_nofile(&y, 100000), 50); /* never raised */
 }
 
+/* A temporary directory for the reader's tests; "" when none. */
+static char tmpdir[64];
+
+/* <name> in tmpdir; two calls' answers can be used together. */
+static const char *tmp(const char *name)
+{
+    static char paths[2][128];
+    static int i;
+
+    i = !i;
+    snprintf(paths[i], sizeof(paths[i]), "%s/%s", tmpdir, name);
+    return paths[i];
+}
+
+static void write_file(const char *path, const char *data, size_t len)
+{
+    FILE *f = fopen(path, "wb");
+
+    CHECK(f != NULL);
+    if (f != NULL) {
+        CHECK_EQ(fwrite(data, 1, len, f), len);
+        fclose(f);
+    }
+}
+
+/* Loads with --config <path>; returns load()'s answer, the error in <err>. */
+static int load_conf(const char *path, pl_config *cfg, char *err)
+{
+    char *argv[] = {"pilotlight", "--config", (char *)path, NULL};
+    pl_config_action action;
+
+    err[0] = '\0';
+    return load(cfg, 3, argv, NULL, &action, err);
+}
+
+static void expect_refused(const char *path, const char *needle)
+{
+    pl_config cfg;
+    char err[512];
+
+    CHECK_EQ(load_conf(path, &cfg, err), -1);
+    CHECK(strstr(err, path) != NULL && strstr(err, needle) != NULL);
+    if (strstr(err, path) == NULL || strstr(err, needle) == NULL)
+        fprintf(stderr, "  error '%s' should name %s and '%s'\n", err, path, needle);
+}
+
+/* Only a regular file is read, whole, and never waited for. */
+static void test_file_kinds(void)
+{
+    pl_config cfg;
+    char err[512], *big;
+    const size_t two_mib = 2 * 1024 * 1024;
+
+    CHECK_EQ(mkfifo(tmp("fifo"), 0600), 0);
+    expect_refused(tmp("fifo"), "a FIFO, not a regular file"); /* no writer: no wait */
+    CHECK_EQ(mkdir(tmp("dir"), 0700), 0);
+    expect_refused(tmp("dir"), "a directory, not a regular file");
+    expect_refused("/dev/zero", "a character device, not a regular file");
+    big = malloc(two_mib);
+    CHECK(big != NULL);
+    memset(big, '#', two_mib);
+    write_file(tmp("big"), big, two_mib);
+    free(big);
+    expect_refused(tmp("big"), "more than 1048576 bytes");
+    /* a symlink is followed to its file (ConfigMaps are symlinks) */
+    write_file(tmp("real.conf"), "max_waiters = 12\n", 16);
+    CHECK_EQ(symlink(tmp("real.conf"), tmp("link.conf")), 0);
+    CHECK_EQ(load_conf(tmp("link.conf"), &cfg, err), 0);
+    CHECK_EQ(cfg.max_waiters, 12);
+    CHECK_EQ(symlink(tmp("fifo"), tmp("link-fifo")), 0);
+    expect_refused(tmp("link-fifo"), "a FIFO");
+    expect_refused(tmp("absent"), "No such file or directory");
+}
+
+/* A line is read whole, or refused with its number: never cut in two. */
+static void test_lines(void)
+{
+    pl_config cfg;
+    char err[512], line[1200];
+
+    /* the comment that once spilled its tail into a setting of its own */
+    memset(line, 'x', sizeof(line));
+    line[0] = '#';
+    memcpy(line + 1023, "connection_timeout_ms = 777\n", 28);
+    write_file(tmp("long.conf"), line, 1023 + 28);
+    expect_refused(tmp("long.conf"), ":1: line longer than 1024 bytes");
+    /* 1024 bytes is a line like any other, with LF or CRLF or neither */
+    memset(line, ' ', 1024);
+    memcpy(line, "max_waiters = 99", 16);
+    memcpy(line + 1024, "\r\nmax_waiters_per_key = 7", 25);
+    write_file(tmp("edge.conf"), line, 1024 + 25);
+    CHECK_EQ(load_conf(tmp("edge.conf"), &cfg, err), 0);
+    CHECK_EQ(cfg.max_waiters, 99);
+    CHECK_EQ(cfg.max_waiters_per_key, 7);
+    write_file(tmp("nul.conf"), "max_waiters = 5\nmax_waiters = 6\0# x\n", 34);
+    expect_refused(tmp("nul.conf"), ":2: a NUL byte");
+    write_file(tmp("empty.conf"), "", 0);
+    CHECK_EQ(load_conf(tmp("empty.conf"), &cfg, err), 0);
+}
+
+/* A *_file setting is read the same way. */
+static void test_secret_files(void)
+{
+    char *fifo[] = {"pilotlight", "--token-secret-file", (char *)NULL, NULL};
+    char path[128];
+    pl_config cfg;
+    pl_config_action action;
+    char err[512];
+
+    snprintf(path, sizeof(path), "%s", tmp("fifo"));
+    fifo[2] = path;
+    CHECK_EQ(load(&cfg, 3, fifo, NULL, &action, err), -1);
+    CHECK(strstr(err, "token_secret_file") != NULL && strstr(err, "a FIFO") != NULL);
+    snprintf(path, sizeof(path), "%s", tmp("dir"));
+    CHECK_EQ(load(&cfg, 3, fifo, NULL, &action, err), -1);
+    CHECK(strstr(err, "a directory") != NULL);
+    write_file(tmp("nul.secret"), "abc\0def\n", 8);
+    snprintf(path, sizeof(path), "%s", tmp("nul.secret"));
+    CHECK_EQ(load(&cfg, 3, fifo, NULL, &action, err), -1);
+    CHECK(strstr(err, "NUL") != NULL);
+    fifo[1] = "--token-secret-previous-file";
+    snprintf(path, sizeof(path), "%s", tmp("fifo"));
+    CHECK_EQ(load(&cfg, 3, fifo, NULL, &action, err), -1);
+    CHECK(strstr(err, "token_secret_previous_file") != NULL);
+}
+
+/* Settings valid alone that cannot work together are refused, saying why. */
+static void test_senseless_combinations(void)
+{
+    static const struct {
+        const char *flags[4];
+        const char *needle; /* NULL: accepted */
+    } cases[] = {
+        {{"--park-timeout-ms", "30000"}, "is not above connection_timeout_ms"},
+        {{"--park-timeout-ms", "29999"}, "is not above connection_timeout_ms"},
+        {{"--park-timeout-ms", "30001"}, NULL},
+        {{"--park-timeout-ms", "0"}, NULL},
+        {{"--connection-timeout-ms", "300000"}, "connection_timeout_ms = 300000 is not below"},
+        {{"--connection-timeout-ms", "299999"}, NULL},
+        {{"--connection-timeout-ms", "100", "--park-timeout-ms", "200"}, NULL},
+        {{"--max-header-bytes", "1023"}, "max_header_bytes = 1023 is below 1024"},
+        {{"--max-header-bytes", "1024"}, NULL},
+        {{"--max-body-bytes", "0"}, "max_body_bytes = 0 is below 1024"},
+        {{"--max-body-bytes", "1024"}, NULL},
+    };
+
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char *argv[6] = {"pilotlight"};
+        int argc = 1;
+        pl_config cfg;
+        pl_config_action action;
+        char err[512] = "";
+
+        for (int j = 0; j < 4 && cases[i].flags[j]; j++)
+            argv[argc++] = (char *)cases[i].flags[j];
+        CHECK_EQ(load(&cfg, argc, argv, NULL, &action, err), cases[i].needle ? -1 : 0);
+        if (cases[i].needle != NULL) {
+            CHECK(strstr(err, cases[i].needle) != NULL);
+            if (strstr(err, cases[i].needle) == NULL)
+                fprintf(stderr, "  case %zu: '%s' should say '%s'\n", i, err, cases[i].needle);
+        }
+    }
+}
+
 int main(void)
 {
     RUN(test_defaults);
@@ -323,5 +489,18 @@ int main(void)
     RUN(test_secrets);
     RUN(test_previous_secret);
     RUN(test_diff_and_fit);
+    snprintf(tmpdir, sizeof(tmpdir), "/tmp/pl-config-files-XXXXXX");
+    if (mkdtemp(tmpdir) != NULL) {
+        RUN(test_file_kinds);
+        RUN(test_lines);
+        RUN(test_secret_files);
+        char cmd[96];
+        snprintf(cmd, sizeof(cmd), "rm -rf -- %s", tmpdir);
+        if (system(cmd) != 0)
+            fprintf(stderr, "  could not remove %s\n", tmpdir);
+    } else {
+        CHECK(!"mkdtemp");
+    }
+    RUN(test_senseless_combinations);
     return unit_finish();
 }

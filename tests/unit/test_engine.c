@@ -23,6 +23,8 @@ typedef struct {
     /* used by the model test */
     int key, id;
     uint64_t parked_at;
+    unsigned tag;       /* as set with pl_engine_set_tag() */
+    int held;           /* held for a hand-over */
 } owner_t;
 
 /* Every callback, in order, since the last log_reset(). */
@@ -895,6 +897,8 @@ static void test_outcome_names(void)
     CHECK_STR(pl_outcome_name(PL_OUTCOME_REPLACED), "replaced");
     CHECK_STR(pl_outcome_name(PL_OUTCOME_SHUTDOWN), "shutdown");
     CHECK_STR(pl_outcome_name(PL_OUTCOME_REJECTED), "rejected");
+    CHECK_STR(pl_outcome_name(PL_OUTCOME_HANDED_OVER), "handed_over");
+    CHECK_STR(pl_outcome_name(PL_OUTCOME_REVOKED), "revoked");
     CHECK_STR(pl_outcome_name(PL_OUTCOME__COUNT), "unknown");
     CHECK(pl_engine_waiter_size(40) >= 40);
     /* short ids share the waiter pool's size; a long one costs more */
@@ -997,7 +1001,8 @@ static int m_park(model *m, owner_t *o)
 {
     for (int k = 0; k < M_KEYS; k++)
         for (size_t i = 0; i < m->n[k]; i++)
-            if (m->q[k][i]->id == o->id && strcmp(mkeys[k].dep, mkeys[o->key].dep) == 0) {
+            if (m->q[k][i]->id == o->id && !m->q[k][i]->held &&
+                strcmp(mkeys[k].dep, mkeys[o->key].dep) == 0) {
                 m_remove(m, k, i, PL_OUTCOME_REPLACED);
                 k = M_KEYS;
                 break;
@@ -1018,9 +1023,17 @@ static int m_park(model *m, owner_t *o)
 /* The model's pl_engine_deliver(): returns the owner that takes it. */
 static owner_t *m_deliver(model *m, int k)
 {
-    while (m->n[k] > 0) {
-        size_t pos = m->order == PL_ORDER_FIFO ? 0 : m->n[k] - 1;
-        owner_t *o = m->q[k][pos];
+    for (;;) {
+        size_t pos, i;
+        owner_t *o;
+
+        for (i = 0; i < m->n[k] && m->q[k][m->order == PL_ORDER_FIFO ? i : m->n[k] - 1 - i]->held;
+             i++)
+            ;
+        if (i == m->n[k])
+            break;
+        pos = m->order == PL_ORDER_FIFO ? i : m->n[k] - 1 - i;
+        o = m->q[k][pos];
 
         if (o->refuse) {
             /* offered MATCHED, refused: counted as a disconnect */
@@ -1043,7 +1056,7 @@ static size_t m_expire(model *m, uint64_t now)
         return 0;
     for (int k = 0; k < M_KEYS; k++)
         for (size_t i = 0; i < m->n[k];)
-            if (m->q[k][i]->parked_at + m->timeout <= now) {
+            if (m->q[k][i]->parked_at + m->timeout <= now && !m->q[k][i]->held) {
                 m_remove(m, k, i, PL_OUTCOME_TIMEOUT);
                 n++;
             } else {
@@ -1057,6 +1070,67 @@ static void m_drain(model *m)
     for (int k = 0; k < M_KEYS; k++)
         while (m->n[k] > 0)
             m_remove(m, k, 0, PL_OUTCOME_SHUTDOWN);
+}
+
+/* The newest live waiter not held: of key <k>, or of any key (k < 0). */
+static int m_newest(const model *m, int k, int *kk, size_t *pos)
+{
+    const owner_t *best = NULL;
+
+    for (int j = k < 0 ? 0 : k; j < (k < 0 ? M_KEYS : k + 1); j++)
+        for (size_t i = 0; i < m->n[j]; i++)
+            if (!m->q[j][i]->held && (best == NULL || m->q[j][i] > best)) {
+                best = m->q[j][i]; /* owners are taken in park order */
+                *kk = j;
+                *pos = i;
+            }
+    return best != NULL;
+}
+
+/* The model's pl_engine_enforce_caps(). */
+static void m_enforce_caps(model *m)
+{
+    int kk;
+    size_t pos;
+
+    for (int k = 0; k < M_KEYS && m->per_key > 0; k++)
+        while (m->n[k] > m->per_key && m_newest(m, k, &kk, &pos))
+            m_remove(m, kk, pos, PL_OUTCOME_REJECTED);
+    while (m->max > 0 && m_live(m) > m->max && m_newest(m, -1, &kk, &pos))
+        m_remove(m, kk, pos, PL_OUTCOME_REJECTED);
+}
+
+/* The revoke step's rule: tag <bad> goes, the others move on by one; the
+ * reason is the owner itself for odd tags, none for even ones. */
+static unsigned m_bad_tag;
+static int judge_tag(const pl_waiter_info *info, unsigned *tag, const void **why, void *arg)
+{
+    owner_t *o = info->owner;
+
+    (void)arg;
+    CHECK_EQ(*tag, o->tag);
+    CHECK(!info->held);
+    if (*tag == m_bad_tag) {
+        *why = *tag & 1 ? (const void *)o : NULL;
+        return 1;
+    }
+    *tag = (*tag + 1) % 4;
+    return 0;
+}
+
+static void m_revoke(model *m)
+{
+    for (int k = 0; k < M_KEYS; k++)
+        for (size_t i = 0; i < m->n[k];) {
+            owner_t *o = m->q[k][i];
+            if (!o->held && o->tag == m_bad_tag) {
+                m_remove(m, k, i, PL_OUTCOME_REVOKED);
+                continue;
+            }
+            if (!o->held)
+                o->tag = (o->tag + 1) % 4;
+            i++;
+        }
 }
 
 static int by_owner(const void *a, const void *b)
@@ -1094,6 +1168,8 @@ static void m_check(const model *m, const pl_engine *e, const void *payload,
                 CHECK(o->arg == payload);
             else if (w == PL_OUTCOME_REJECTED)
                 CHECK(o->arg != NULL && *(const char *)o->arg != '\0');
+            else if (w == PL_OUTCOME_REVOKED)
+                CHECK(o->arg == (o->tag & 1 ? (const void *)o : NULL));
             else
                 CHECK(o->arg == NULL);
         }
@@ -1107,7 +1183,7 @@ static void m_check(const model *m, const pl_engine *e, const void *payload,
         keys += m->n[k] > 0;
         for (size_t i = 0; i < m->n[k]; i++) {
             CHECK_EQ(m->q[k][i]->calls, 0);
-            if (m->q[k][i]->parked_at < oldest)
+            if (!m->q[k][i]->held && m->q[k][i]->parked_at < oldest)
                 oldest = m->q[k][i]->parked_at;
         }
     }
@@ -1120,7 +1196,7 @@ static void m_check(const model *m, const pl_engine *e, const void *payload,
         CHECK_EQ(l->settled[i], m->settled[i]);
     CHECK(ledger_balanced(l));
 
-    if (m->timeout && live) {
+    if (m->timeout && oldest != UINT64_MAX) {
         CHECK_EQ(pl_engine_next_deadline(e, &dl), 0);
         CHECK_EQ(dl, oldest + m->timeout);
     } else {
@@ -1129,7 +1205,7 @@ static void m_check(const model *m, const pl_engine *e, const void *payload,
 }
 
 static const char *op_names[] = {"park", "deliver", "disconnect", "expire",
-                                 "drain"};
+                                 "drain", "revoke", "caps", "hold"};
 
 /* Returns 0 when the run matched the model throughout. */
 static int model_run(uint64_t seed, pl_order order, uint32_t max,
@@ -1154,7 +1230,8 @@ static int model_run(uint64_t seed, pl_order order, uint32_t max,
 
     for (step = 0; step < M_STEPS; step++) {
         uint32_t r = rnd(1000);
-        int op = r < 450 ? 0 : r < 700 ? 1 : r < 800 ? 2 : r < 995 ? 3 : 4;
+        int op = r < 430 ? 0 : r < 680 ? 1 : r < 780 ? 2 : r < 940 ? 3 : r < 945 ? 4
+                 : r < 960 ? 5 : r < 970 ? 6 : 7;
         unsigned variant = rnd(4);
         char dep[32], ver[32];
         const void *offered = NULL;
@@ -1171,6 +1248,21 @@ static int model_run(uint64_t seed, pl_order order, uint32_t max,
             o->id = (int)rnd(M_IDS);
             o->refuse = rnd(5) == 0;
             o->parked_at = now;
+            o->tag = rnd(4);
+            /* A held waiter is never replaced, so a poll of its id would
+             * park beside it; which of two the next one replaces is then
+             * the index's business: the model parks none such. */
+            for (int kk = 0; kk < M_KEYS; kk++)
+                for (size_t i = 0; i < m.n[kk]; i++)
+                    if (m.q[kk][i]->held && m.q[kk][i]->id == o->id &&
+                        strcmp(mkeys[kk].dep, mkeys[o->key].dep) == 0)
+                        o->id = -1;
+            if (o->id < 0) {
+                memset(o, 0, sizeof(*o));
+                nowners--;
+                m_check(&m, e, NULL, variant);
+                continue;
+            }
             k = mkey(o->key, variant, dep, ver);
             char id[16];
             snprintf(id, sizeof(id), "ctl-%d", o->id);
@@ -1178,6 +1270,8 @@ static int model_run(uint64_t seed, pl_order order, uint32_t max,
             rc = park(e, &k, id, o, now);
             CHECK_EQ(rc, want_rc);
             CHECK((rc == 0) == (o->w != NULL));
+            if (rc == 0)
+                pl_engine_set_tag(o->w, o->tag);
         } else if (op == 1) {
             int ki = (int)rnd(M_KEYS);
             pl_key k = mkey(ki, variant, dep, ver);
@@ -1212,9 +1306,34 @@ static int model_run(uint64_t seed, pl_order order, uint32_t max,
         } else if (op == 3) {
             now += rnd(40);
             CHECK_EQ(pl_engine_expire(e, now), m_expire(&m, now));
-        } else {
+        } else if (op == 4) {
             m_drain(&m);
             pl_engine_drain(e);
+        } else if (op == 5) {
+            size_t n;
+            m_bad_tag = rnd(4);
+            n = pl_engine_revoke(e, judge_tag, NULL); /* judged on the tags before */
+            m_revoke(&m);
+            CHECK_EQ(n, m.nwant);
+        } else if (op == 6) {
+            static const uint32_t maxes[] = {0, 2, 5, 9, 30};
+            pl_engine_opts opts = {order, maxes[rnd(5)], maxes[rnd(4)], timeout, settle_cb};
+            m.max = opts.max_waiters;
+            m.per_key = opts.max_waiters_per_key;
+            pl_engine_set_opts(e, &opts);
+            m_enforce_caps(&m);
+            CHECK_EQ(pl_engine_enforce_caps(e), m.nwant);
+        } else {
+            size_t live = m_live(&m), pick = live ? rnd((uint32_t)live) : 0;
+            int release = rnd(3) == 0;
+            for (int k = 0; k < M_KEYS; k++)
+                for (size_t i = 0; i < m.n[k]; i++, pick--) {
+                    owner_t *o = m.q[k][i];
+                    if (release ? o->held : pick == 0) {
+                        o->held = !release;
+                        pl_engine_hold(e, o->w, !release);
+                    }
+                }
         }
         m_check(&m, e, offered, variant);
         if (unit_failures != fail0) {
@@ -1568,6 +1687,79 @@ static void test_set_opts_applies_from_the_next_park(void)
     pl_engine_free(e);
 }
 
+/* A waiter held for a hand-over: the other process holds its socket, so
+ * nothing here may answer it until the verdict; released, it is as before. */
+static void test_hold_for_a_hand_over(void)
+{
+    pl_engine *e = engine(PL_ORDER_FIFO, 0, 0, 100);
+    owner_t a = {0}, b = {0}, a2 = {0}, c = {0}, d = {0};
+    int payload = 3;
+    uint64_t due = 0;
+
+    CHECK_EQ(park(e, &KA, "a", &a, 10), 0);
+    CHECK_EQ(park(e, &KA, "b", &b, 20), 0);
+    pl_engine_hold(e, a.w, 1);
+    pl_engine_hold(e, a.w, 1); /* twice is once */
+    CHECK_EQ(pl_engine_next_deadline(e, &due), 0);
+    CHECK_EQ(due, 120); /* b's: a's waits */
+    CHECK_EQ(pl_engine_expire(e, 115), 0);
+    CHECK_EQ(a.calls, 0);
+    /* fifo skips the held oldest; a newer poll of its id parks beside it */
+    CHECK_EQ(deliver(e, &KA, &payload, 30, NULL), PL_DELIVERED);
+    CHECK(b.calls == 1 && b.outcome == PL_OUTCOME_MATCHED && a.calls == 0);
+    CHECK_EQ(deliver(e, &KA, &payload, 31, NULL), 0); /* only a: held */
+    CHECK_EQ(park(e, &KA, "a", &a2, 40), 0);
+    CHECK_EQ(a.calls, 0);
+    CHECK_EQ(pl_engine_waiting(e, &KA), 2);
+    /* no cap and no judge ends it */
+    pl_engine_set_opts(e, &(pl_engine_opts){PL_ORDER_LIFO, 1, 1, 100, settle_cb});
+    CHECK_EQ(pl_engine_enforce_caps(e), 1);
+    CHECK(a2.calls == 1 && a2.outcome == PL_OUTCOME_REJECTED && a.calls == 0);
+    CHECK_EQ(pl_engine_revoke(e, judge_tag, NULL), 0);
+    CHECK_EQ(pl_engine_next_deadline(e, &due), -1);
+    /* released: its deadline (passed) and its place come back */
+    pl_engine_hold(e, a.w, 0);
+    CHECK_EQ(pl_engine_next_deadline(e, &due), 0);
+    CHECK_EQ(due, 110);
+    CHECK_EQ(pl_engine_expire(e, 200), 1);
+    CHECK(a.calls == 1 && a.outcome == PL_OUTCOME_TIMEOUT);
+    /* lifo skips a held newest; a drain ends held waiters too */
+    CHECK_EQ(park(e, &KC, "c", &c, 300), 0);
+    CHECK_EQ(park(e, &KC, "d", &d, 301), PL_EREJECTED); /* max_waiters 1 */
+    pl_engine_hold(e, c.w, 1);
+    CHECK_EQ(deliver(e, &KC, &payload, 302, NULL), 0);
+    pl_engine_drain(e);
+    CHECK(c.calls == 1 && c.outcome == PL_OUTCOME_SHUTDOWN);
+    CHECK(ledger_balanced(pl_engine_ledger(e)));
+    pl_engine_free(e);
+}
+
+/* A lower cap applied to what is parked: the newest go, per key first. */
+static void test_enforce_caps_takes_the_newest(void)
+{
+    pl_engine *e = engine(PL_ORDER_FIFO, 0, 0, 0);
+    owner_t o[6] = {{0}};
+    const pl_key *keys[6] = {&KA, &KA, &KA, &KB, &KC, &KC};
+    char id[8];
+
+    for (int i = 0; i < 6; i++) {
+        snprintf(id, sizeof(id), "c%d", i);
+        CHECK_EQ(park(e, keys[i], id, &o[i], (uint64_t)i), 0);
+    }
+    CHECK_EQ(pl_engine_enforce_caps(e), 0); /* no cap: nothing */
+    pl_engine_set_opts(e, &(pl_engine_opts){PL_ORDER_FIFO, 3, 2, 0, settle_cb});
+    CHECK_EQ(pl_engine_enforce_caps(e), 3);
+    /* KA over its cap of 2: its newest (o[2]); then 5 > 3 in all: o[5], o[4] */
+    for (int i = 0; i < 6; i++)
+        CHECK_EQ(o[i].calls, i == 2 || i >= 4);
+    CHECK(o[2].outcome == PL_OUTCOME_REJECTED && o[4].outcome == PL_OUTCOME_REJECTED);
+    CHECK_STR(o[2].arg, "too many parked polls for this deployment and machine");
+    CHECK_STR(o[5].arg, "too many parked polls on this server");
+    CHECK_EQ(pl_engine_ledger(e)->parked_now, 3);
+    CHECK(ledger_balanced(pl_engine_ledger(e)));
+    pl_engine_free(e);
+}
+
 int main(void)
 {
     RUN(test_park_and_match);
@@ -1601,5 +1793,7 @@ int main(void)
     RUN(test_hand_over_between_engines);
     RUN(test_adopt_is_per_tenant);
     RUN(test_set_opts_applies_from_the_next_park);
+    RUN(test_hold_for_a_hand_over);
+    RUN(test_enforce_caps_takes_the_newest);
     return unit_finish();
 }
