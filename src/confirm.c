@@ -504,7 +504,7 @@ static void mark_overdue(pl_confirm *cf, rec *r)
 
 /* What the kernel knows of the attempt in hand, as facts for the decision.
  * Returns -1 when it cannot be asked. */
-static int gather(const rec *r, uint64_t now, pl_confirm_facts *f, pl_conn_tcp *t)
+static int gather(const rec *r, uint64_t now, pl_confirm_facts *f, pl_tcp_facts *t)
 {
     int end = pl_conn_ended(r->controller);
 
@@ -555,7 +555,7 @@ static void decide(pl_confirm *cf, rec *r, uint64_t now, int final)
     pl_confirm_outcome why = PL_CONFIRM_ACKED;
     pl_confirm_action action;
     pl_confirm_facts f;
-    pl_conn_tcp t;
+    pl_tcp_facts t;
     uint64_t until = 0;
 
     memset(&f, 0, sizeof(f));
@@ -690,7 +690,7 @@ static void dispatcher_closed(void *obj, pl_conn *c)
 
 int pl_confirm_vet(pl_confirm *cf, pl_conn *c)
 {
-    pl_conn_tcp t;
+    pl_tcp_facts t;
 
     if (cf->overdue == 0 && uv_now(cf->loop) >= cf->suspect_until)
         return PL_VET_OFFER;

@@ -17,6 +17,7 @@
 #include "pilotlight/log.h"
 #include "pilotlight/mem.h"
 #include "pilotlight/pool.h"
+#include "pilotlight/reclaim.h"
 #include "pilotlight/server.h"
 #include "pilotlight/upgrade.h"
 #include "pilotlight/uvmem.h"
@@ -52,6 +53,7 @@ static void on_drained(void *arg)
     if (s->dispatch_http)
         pl_http_stop(s->dispatch_http);
     pl_broker_stop(s->broker);
+    pl_reclaim_stop();
     uv_close((uv_handle_t *)&s->sigterm, NULL);
     uv_close((uv_handle_t *)&s->sigint, NULL);
     uv_close((uv_handle_t *)&s->sighup, NULL);
@@ -464,6 +466,7 @@ int pl_server_run(pl_config *cfg, int argc, char **argv, char **envp)
     pl_uvmem_install(); /* before libuv allocates anything */
     if (uv_loop_init(&s.loop) != 0)
         return 1;
+    pl_reclaim_start(&s.loop);
     rc = start(&s);
     if (rc == 0)
         uv_run(&s.loop, UV_RUN_DEFAULT);

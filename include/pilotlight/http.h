@@ -14,6 +14,7 @@
 #include <uv.h>
 
 #include "pilotlight/h1.h"
+#include "pilotlight/tcp.h"
 
 typedef struct pl_http pl_http;
 typedef struct pl_conn pl_conn;
@@ -99,8 +100,12 @@ enum { PL_HTTP_REFUSED_MAX_CONNECTIONS = 0, PL_HTTP_REFUSED_FD_LIMIT, PL_HTTP_RE
 /* Connections refused for <reason> since start. */
 uint64_t pl_http_refused(const pl_http *h, unsigned reason);
 
+/* Longest extra header lines pl_conn_respond() takes, in bytes. */
+#define PL_CONN_EXTRA_MAX 384
+
 /* Sends a response with <status>, optional Content-Type, optional extra
- * header lines (each ending in \r\n) and <body>. The bytes are copied if the
+ * header lines (each ending in \r\n; PL_CONN_EXTRA_MAX bytes at most) and
+ * <body>. The bytes are copied if the
  * socket cannot take them at once. Returns 0 when the socket accepted or
  * queued them, -1 when the connection is already failed or closing (then
  * nothing was sent). */
@@ -120,21 +125,11 @@ void pl_conn_abort(pl_conn *c);
  * asked. One system call. */
 int pl_conn_acknowledged(const pl_conn *c);
 
-/* What the kernel knows of <c>'s TCP connection. */
-typedef struct {
-    uint32_t unacked;       /* bytes written and not yet acknowledged */
-    uint32_t unsent;        /* of those, bytes that never left this host */
-    uint32_t rtt_us, rttvar_us; /* smoothed round trip and its variation */
-    uint32_t rto_us;        /* retransmission timeout, without back-off */
-    uint32_t since_sent_ms; /* since a data segment last left */
-    uint8_t closed;         /* the socket is closed: reset, or given up on */
-    uint8_t probes;         /* keepalive probes sent and not answered */
-} pl_conn_tcp;
-
-/* Fills <t> (TCP_INFO and the send queue's counts: three system calls, for
- * the rare paths). The counts stay valid after a reset. Returns 0, or -1
- * when the kernel cannot be asked. */
-int pl_conn_tcp_info(const pl_conn *c, pl_conn_tcp *t);
+/* Fills <t> with what the kernel knows of <c>'s TCP connection (tcp.h:
+ * three system calls, for the rare paths), libuv's own queue counted as
+ * unsent. The counts stay valid after a reset. Returns 0, or -1 when the
+ * kernel cannot be asked. */
+int pl_conn_tcp_info(const pl_conn *c, pl_tcp_facts *t);
 
 /* Sends <c>'s peer a keepalive probe now, if the connection has been idle
  * a second or more (else once it has): a live peer answers it within a
