@@ -714,11 +714,13 @@ int pl_json_read(const char *text, size_t len, unsigned flags, const pl_json_pat
     r.cap = SMALL_NAMES;
     r.dec = small_dec;
     r.dec_cap = sizeof(small_dec);
-    for (size_t i = 0; i < npaths && i < PL_JSON_PATHS_MAX; i++) {
+    for (size_t i = 0; i < npaths; i++) {
         uint64_t bit = filter_bit(paths[i].name, paths[i].len);
         unsigned idx = (unsigned)__builtin_ctzll(bit);
 
         found[i] = (pl_json_value){NULL, 0, PL_JSON_NONE, 0};
+        if (i >= PL_JSON_PATHS_MAX)
+            continue; /* a node number is a byte */
         r.wanted |= bit;
         next[i] = r.first[idx];
         r.first[idx] = (uint8_t)(i + 1);

@@ -165,27 +165,40 @@ static const char *segment_text(const unsigned char *p, size_t *n)
     return (const char *)p;
 }
 
-/* Decodes the base64url segment <seg> leniently into a new buffer (*bytes:
- * the caller frees it, whatever the answer) and reads the values of
+/* A segment decoded for the lenient reading. Most fit <room>, so that a
+ * poll whose id has dots allocates nothing; a longer one goes to the heap. */
+typedef struct {
+    unsigned char *bytes;
+    unsigned char room[PL_TOKEN_MAX / 4 * 3 + 4];
+} segment;
+
+static void segment_free(segment *g)
+{
+    if (g->bytes != g->room)
+        pl_free(g->bytes);
+}
+
+/* Decodes the base64url segment <seg> leniently into <g> (the caller frees
+ * it with segment_free(), whatever the answer) and reads the values of
  * <paths> into found[]. Returns 1 when it begins with a JSON object, as
  * JavaScript reads one. This reading asks what a segment claims to be, not
  * whether it is well made: what follows the object and repeated names are
  * the verifier's business (bad_header, bad_payload), and a repeated name
  * reads as its first value. */
 static int read_lenient(const char *seg, size_t len, const pl_json_path *paths, size_t npaths,
-                        pl_json_value *found, unsigned char **bytes)
+                        pl_json_value *found, segment *g)
 {
+    size_t cap = len / 4 * 3 + 4, size;
     const char *text;
     pl_json_doc doc;
     long n;
-    size_t size;
     int rc;
 
-    *bytes = pl_malloc(len * 3 / 4 + 4);
-    if (*bytes == NULL || (n = pl_token_b64url_decode(seg, len, *bytes)) <= 0)
+    g->bytes = cap <= sizeof(g->room) ? g->room : pl_malloc(cap);
+    if (g->bytes == NULL || (n = pl_token_b64url_decode(seg, len, g->bytes)) <= 0)
         return 0;
     size = (size_t)n;
-    text = segment_text(*bytes, &size);
+    text = segment_text(g->bytes, &size);
     rc = pl_json_read(text, size, PL_JSON_PREFIX, paths, npaths, found, &doc);
     return (rc == 0 || rc == PL_JSON_EDUP) && doc.root.type == PL_JSON_OBJECT;
 }
@@ -195,51 +208,52 @@ static int read_lenient(const char *seg, size_t len, const pl_json_path *paths, 
 static int is_jwt_header(const char *seg, size_t len)
 {
     pl_json_value found[H_PATHS];
-    unsigned char *bytes;
-    int yes = read_lenient(seg, len, header_paths, H_PATHS, found, &bytes) &&
+    segment g;
+    int yes = read_lenient(seg, len, header_paths, H_PATHS, found, &g) &&
               found[H_ALG].type == PL_JSON_STRING && found[H_ALG].len > 0;
 
-    pl_free(bytes);
+    segment_free(&g);
     return yes;
 }
 
 /* 1 when <s> decodes as a JWT (see pl_token_is_jwt); *dep is then its
- * "deployment" claim, in *bytes (the caller frees them, whatever the
- * answer). */
-static int jwt_claim(const char *s, size_t len, pl_json_value *dep, unsigned char **bytes)
+ * "deployment" claim, in <g> (the caller frees it with segment_free(),
+ * whatever the answer). */
+static int jwt_claim(const char *s, size_t len, pl_json_value *dep, segment *g)
 {
     const char *dot1, *dot2;
 
-    *bytes = NULL;
+    g->bytes = g->room;
     if (!jwt_shape(s, len, &dot1, &dot2) || !is_jwt_header(s, (size_t)(dot1 - s)))
         return 0;
     return read_lenient(dot1 + 1, (size_t)(dot2 - dot1 - 1), &claim_paths[C_DEPLOYMENT], 1, dep,
-                        bytes);
+                        g);
 }
 
 int pl_token_is_jwt(const char *s, size_t len)
 {
     pl_json_value dep;
-    unsigned char *bytes;
-    int yes = jwt_claim(s, len, &dep, &bytes);
+    segment g;
+    int yes = jwt_claim(s, len, &dep, &g);
 
-    pl_free(bytes);
+    segment_free(&g);
     return yes;
 }
 
 long pl_token_deployment(const char *s, size_t len, char *out, size_t cap)
 {
     pl_json_value dep;
-    unsigned char *bytes;
-    long n;
+    segment g;
+    long n = -1;
 
-    if (!jwt_claim(s, len, &dep, &bytes)) {
-        pl_free(bytes);
+    if (!jwt_claim(s, len, &dep, &g)) {
+        segment_free(&g);
         return PL_TOKEN_NOT_JWT;
     }
     /* as text: a NUL would end the copy early and name another deployment */
-    n = cap > 0 ? pl_json_string(&dep, out, cap - 1) : -1;
-    pl_free(bytes);
+    if (cap > 0)
+        n = pl_json_string(&dep, out, cap - 1);
+    segment_free(&g);
     if (n <= 0 || !pl_json_is_text(out, (size_t)n))
         return -1;
     out[n] = '\0';

@@ -85,7 +85,8 @@ typedef struct {
 
 /* Reads <text> (<len> bytes, need not be NUL-terminated) with <flags>. For
  * each of the <npaths> paths, found[i] receives the value at paths[i] (the
- * first one, should a name repeat), or type PL_JSON_NONE. Values point into
+ * first one, should a name repeat), or type PL_JSON_NONE (always, for a
+ * path past the first PL_JSON_PATHS_MAX). Values point into
  * <text>. Returns 0; PL_JSON_EINVAL for a document that is not JSON (a
  * syntax error is reported even after a repeated name); PL_JSON_EDUP for
  * JSON that repeats a member name (the values were all read); or
