@@ -62,9 +62,8 @@ typedef struct {
     size_t dec_used, dec_cap;
     const pl_json_path *paths;
     pl_json_value *found;
-    /* The paths by their name's filter bit: <wanted> has the bits of all,
-     * so that a member whose name no path has costs one test; then the
-     * first path + 1 with that bit (0 for none), and each one's next + 1. */
+    /* The paths by their name's filter bit: <wanted> has all their bits (a
+     * test per member); first path + 1 per bit, each one's next + 1. */
     uint64_t wanted;
     uint8_t first[64];
     uint8_t *next;
@@ -79,17 +78,28 @@ static int fail(reader *r, const char *what)
     return -1;
 }
 
-/* JSON's four whitespace bytes, and nothing else (cJSON takes every byte up
- * to 0x20; JSON.parse does not). */
+static int fail_at(reader *r, const char *p, const char *what)
+{
+    r->p = p;
+    return fail(r, what);
+}
+
+/* Past JSON's four whitespace bytes, and nothing else (cJSON takes every
+ * byte up to 0x20; JSON.parse does not). */
+static const char *ws_end(const char *p, const char *end)
+{
+    while (p < end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t'))
+        p++;
+    return p;
+}
+
 static void skip_ws(reader *r)
 {
     const char *p = r->p;
 
     if (p < r->end && (unsigned char)*p > ' ')
         return; /* the usual case: compact JSON */
-    while (p < r->end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t'))
-        p++;
-    r->p = p;
+    r->p = ws_end(p, r->end);
 }
 
 static int is_digit(const char *p, const char *end)
@@ -103,15 +113,11 @@ static int hex4(const char *p, unsigned *out)
     unsigned v = 0;
 
     for (int i = 0; i < 4; i++) {
-        unsigned c = (unsigned char)p[i], d;
+        unsigned c = (unsigned char)p[i], l = c | 0x20; /* a letter in lower case */
 
-        if (c >= '0' && c <= '9')
-            d = c - '0';
-        else if ((c | 0x20) >= 'a' && (c | 0x20) <= 'f')
-            d = (c | 0x20) - 'a' + 10;
-        else
+        if (c - '0' > 9 && l - 'a' > 5)
             return -1;
-        v = v << 4 | d;
+        v = v << 4 | (c - '0' <= 9 ? c - '0' : l - 'a' + 10);
     }
     *out = v;
     return 0;
@@ -225,28 +231,20 @@ static inline __attribute__((always_inline)) int string(reader *r, const char **
     return 0;
 }
 
+/* The UTF-8 bytes of code point <u> (a lone surrogate too: three bytes). */
 static size_t put_utf8(char *o, unsigned u)
 {
-    if (u < 0x80) {
-        o[0] = (char)u;
+    static const unsigned char lead[] = {0, 0, 0xC0, 0xE0, 0xF0};
+    size_t n = u < 0x80 ? 1 : u < 0x800 ? 2 : u < 0x10000 ? 3 : 4;
+
+    if (n == 1) {
+        *o = (char)u;
         return 1;
     }
-    if (u < 0x800) {
-        o[0] = (char)(0xC0 | u >> 6);
-        o[1] = (char)(0x80 | (u & 0x3F));
-        return 2;
-    }
-    if (u < 0x10000) { /* lone surrogates too: three bytes each */
-        o[0] = (char)(0xE0 | u >> 12);
-        o[1] = (char)(0x80 | (u >> 6 & 0x3F));
-        o[2] = (char)(0x80 | (u & 0x3F));
-        return 3;
-    }
-    o[0] = (char)(0xF0 | u >> 18);
-    o[1] = (char)(0x80 | (u >> 12 & 0x3F));
-    o[2] = (char)(0x80 | (u >> 6 & 0x3F));
-    o[3] = (char)(0x80 | (u & 0x3F));
-    return 4;
+    for (size_t i = n - 1; i > 0; i--, u >>= 6)
+        o[i] = (char)(0x80 | (u & 0x3F));
+    o[0] = (char)(lead[n] | u);
+    return n;
 }
 
 /* Decodes the character at *s (in validated string bytes ending at <end>)
@@ -255,19 +253,13 @@ static size_t put_utf8(char *o, unsigned u)
  * to the same bytes exactly when JavaScript's strings for them are equal. */
 static size_t decode_char(const char **sp, const char *end, char *o)
 {
-    const char *s = *sp;
+    const char *s = *sp, *c;
     unsigned u = 0, lo;
 
-    if (*s != '\\') {
-        *o = *s;
-        *sp = s + 1;
-        return 1;
-    }
-    if (s[1] != 'u') {
-        const char *c = strchr("b\bf\fn\nr\rt\t", s[1]);
-
-        *o = c != NULL ? c[1] : s[1];
-        *sp = s + 2;
+    if (*s != '\\' || s[1] != 'u') { /* a byte as it is, or a two-byte escape */
+        c = *s == '\\' ? strchr("b\bf\fn\nr\rt\t", s[1]) : NULL;
+        *o = *s != '\\' ? *s : c != NULL ? c[1] : s[1];
+        *sp = s + (*s == '\\' ? 2 : 1);
         return 1;
     }
     hex4(s + 2, &u);
@@ -280,16 +272,21 @@ static size_t decode_char(const char **sp, const char *end, char *o)
     return put_utf8(o, u);
 }
 
-/* Writes the text of the validated string bytes <s>,<len> to <out> (at most
- * <len> bytes) and returns its length. */
-static size_t decode(const char *s, size_t len, char *out)
+/* Writes the text of the validated string bytes <s>,<len> (never longer
+ * than they are) to <out>. Returns its length, or -1 past <cap> bytes.
+ * Out of line: escapes are rare, and inlined it crowds the member loop. */
+static __attribute__((noinline)) long decode(const char *s, size_t len, char *out, size_t cap)
 {
     const char *end = s + len;
-    char *o = out;
+    size_t n = 0, k;
+    char c[4];
 
-    while (s < end)
-        o += decode_char(&s, end, o);
-    return (size_t)(o - out);
+    for (; s < end; n += k)
+        if ((k = decode_char(&s, end, c)) > cap - n)
+            return -1;
+        else
+            memcpy(out + n, c, k);
+    return (long)n;
 }
 
 static void place(reader *r, uint32_t idx)
@@ -343,14 +340,6 @@ static int grow_names(reader *r)
     return 0;
 }
 
-static void hash_in(reader *r, uint32_t idx)
-{
-    name *n = &r->names[idx];
-
-    n->hash = pl_hash(n->s, n->len, (uint64_t)n->obj << 32);
-    place(r, idx);
-}
-
 /* memcmp() == 0 for the short names of a document, without a call: a
  * name of 4 to 16 bytes is two overlapping words. */
 static inline int same_bytes(const char *a, const char *b, size_t n)
@@ -370,10 +359,7 @@ static inline int same_bytes(const char *a, const char *b, size_t n)
         memcpy(&u4, a + n - 4, 4), memcpy(&v4, b + n - 4, 4);
         return ((x4 ^ y4) | (u4 ^ v4)) == 0;
     }
-    for (size_t i = 0; i < n; i++)
-        if (a[i] != b[i])
-            return 0;
-    return 1;
+    return n == 0 || (a[0] == b[0] && a[n / 2] == b[n / 2] && a[n - 1] == b[n - 1]);
 }
 
 static int same(const name *n, const char *s, size_t len)
@@ -414,8 +400,12 @@ static int remember(reader *r, object_names *o, const char *s, size_t len, uint6
         /* from now on by hash: the table gets the first ones (once: a
          * duplicate leaves the count where it is) */
         if (o->count == LINEAR_NAMES && r->names[o->last - 1].slot == 0)
-            for (uint32_t i = o->last; i != 0; i = r->names[i - 1].prev)
-                hash_in(r, i - 1);
+            for (uint32_t i = o->last; i != 0; i = r->names[i - 1].prev) {
+                name *n = &r->names[i - 1];
+
+                n->hash = pl_hash(n->s, n->len, (uint64_t)n->obj << 32);
+                place(r, i - 1);
+            }
         h = pl_hash(s, len, (uint64_t)o->id << 32);
         for (uint32_t i = h & mask; r->slots[i] != 0 && dup == NULL; i = (i + 1) & mask) {
             const name *n = &r->names[r->slots[i] - 1];
@@ -462,7 +452,7 @@ static const char *decode_name(reader *r, const char *s, size_t *len)
         r->dec_used = 0;
     }
     out = r->dec + r->dec_used;
-    *len = decode(s, *len, out);
+    *len = (size_t)decode(s, *len, out, *len);
     r->dec_used += *len;
     return out;
 }
@@ -591,34 +581,24 @@ static int number(reader *r)
     if (p < end && *p == '-')
         p++;
     if (p < end && *p == '0') {
-        p++;
-        if (is_digit(p, end)) {
-            r->p = p;
-            return fail(r, "leading zero in a number");
-        }
-    } else if (is_digit(p, end)) {
-        while (is_digit(p, end))
-            p++;
-    } else {
-        r->p = p;
-        return fail(r, "expected a value");
+        if (is_digit(++p, end))
+            return fail_at(r, p, "leading zero in a number");
+    } else if (!is_digit(p, end)) {
+        return fail_at(r, p, "expected a value");
     }
+    while (is_digit(p, end))
+        p++;
     if (p < end && *p == '.') {
-        if (!is_digit(++p, end)) {
-            r->p = p;
-            return fail(r, "expected a digit after the decimal point");
-        }
+        if (!is_digit(++p, end))
+            return fail_at(r, p, "expected a digit after the decimal point");
         while (is_digit(p, end))
             p++;
     }
     if (p < end && (*p == 'e' || *p == 'E')) {
-        p++;
-        if (p < end && (*p == '+' || *p == '-'))
+        if (++p < end && (*p == '+' || *p == '-'))
             p++;
-        if (!is_digit(p, end)) {
-            r->p = p;
-            return fail(r, "expected a digit in the exponent");
-        }
+        if (!is_digit(p, end))
+            return fail_at(r, p, "expected a digit in the exponent");
         while (is_digit(p, end))
             p++;
     }
@@ -699,21 +679,12 @@ static int verdict(const reader *r, pl_json_doc *doc)
 int pl_json_read(const char *text, size_t len, unsigned flags, const pl_json_path *paths,
                  size_t npaths, pl_json_value *found, pl_json_doc *doc)
 {
-    reader r = {0};
     uint8_t next[PL_JSON_PATHS_MAX];
+    reader r = {.text = text, .p = text, .end = text + len, .flags = flags, .paths = paths,
+                .found = found, .next = next, .names = small_names, .slots = small_slots,
+                .cap = SMALL_NAMES, .dec = small_dec, .dec_cap = sizeof(small_dec)};
     int rc;
 
-    r.text = r.p = text;
-    r.end = text + len;
-    r.flags = flags;
-    r.paths = paths;
-    r.found = found;
-    r.next = next;
-    r.names = small_names;
-    r.slots = small_slots;
-    r.cap = SMALL_NAMES;
-    r.dec = small_dec;
-    r.dec_cap = sizeof(small_dec);
     for (size_t i = 0; i < npaths; i++) {
         uint64_t bit = filter_bit(paths[i].name, paths[i].len);
         unsigned idx = (unsigned)__builtin_ctzll(bit);
@@ -748,42 +719,25 @@ int pl_json_read(const char *text, size_t len, unsigned flags, const pl_json_pat
 
 long pl_json_string(const pl_json_value *v, char *out, size_t cap)
 {
-    const char *s, *end;
-    size_t n = 0;
-    char c[4];
-
-    if (v->type != PL_JSON_STRING)
+    if (v->type != PL_JSON_STRING || (!v->escaped && v->len > cap))
         return -1;
-    if (!v->escaped) {
-        if (v->len > cap)
-            return -1;
-        memcpy(out, v->p, v->len);
-        return (long)v->len;
-    }
-    if (v->len <= cap)
-        return (long)decode(v->p, v->len, out);
-    for (s = v->p, end = s + v->len; s < end; n += decode_char(&s, end, c))
-        ;
-    return n <= cap ? (long)decode(v->p, v->len, out) : -1;
+    if (v->escaped)
+        return decode(v->p, v->len, out, cap);
+    memcpy(out, v->p, v->len);
+    return (long)v->len;
 }
 
 int pl_json_equals(const pl_json_value *v, const char *s, size_t len)
 {
-    const char *p, *end;
-    size_t i = 0;
+    const char *p = v->p, *end;
+    size_t i = 0, n;
+    char c[4];
 
     if (v->type != PL_JSON_STRING)
-        return 0;
-    if (!v->escaped)
-        return v->len == len && memcmp(v->p, s, len) == 0;
-    for (p = v->p, end = p + v->len; p < end;) {
-        char c[4];
-        size_t n = decode_char(&p, end, c);
-
-        if (n > len - i || memcmp(c, s + i, n) != 0)
+        return 0; /* an absent value has no bytes at all (p is NULL) */
+    for (end = p + v->len; p < end; i += n)
+        if ((n = decode_char(&p, end, c)) > len - i || memcmp(c, s + i, n) != 0)
             return 0;
-        i += n;
-    }
     return i == len;
 }
 
@@ -816,13 +770,6 @@ int pl_json_number(const pl_json_value *v, double *out)
     return 0;
 }
 
-static const char *skip_ws_at(const char *p, const char *end)
-{
-    while (p < end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t'))
-        p++;
-    return p;
-}
-
 int pl_json_element(const pl_json_value *v, const char **cursor, pl_json_value *out)
 {
     const char *p, *end;
@@ -832,18 +779,16 @@ int pl_json_element(const pl_json_value *v, const char **cursor, pl_json_value *
     if (v->type != PL_JSON_ARRAY)
         return 0;
     end = v->p + v->len - 1; /* the closing bracket */
-    p = skip_ws_at(*cursor == NULL ? v->p + 1 : *cursor, end);
+    p = ws_end(*cursor == NULL ? v->p + 1 : *cursor, end);
     if (p < end && *p == ',')
-        p = skip_ws_at(p + 1, end);
+        p = ws_end(p + 1, end);
     if (p >= end)
         return 0;
     /* the array was read whole: its elements are valid, and one more read
      * of one of them is the simplest way to find where it ends */
     rc = pl_json_read(p, (size_t)(end - p), PL_JSON_PREFIX, NULL, 0, NULL, &doc);
-    if (rc == PL_JSON_ENOMEM)
-        return rc;
-    if (rc == PL_JSON_EINVAL)
-        return 0;
+    if (rc != 0)
+        return rc == PL_JSON_ENOMEM ? rc : 0;
     *out = doc.root;
     *cursor = p + doc.end;
     return 1;

@@ -357,6 +357,19 @@ static void test_strings(void)
     v = found_string("{\"s\":1}");
     CHECK_EQ(pl_json_string(&v, out, sizeof(out)), -1);
     CHECK(!pl_json_equals(&v, "1", 1));
+    /* a path the document lacks: no bytes at all (UBSan checks no pointer
+     * arithmetic is done on them) */
+    v = (pl_json_value){NULL, 0, PL_JSON_NONE, 0};
+    CHECK(!pl_json_equals(&v, "", 0));
+    CHECK_EQ(pl_json_string(&v, out, sizeof(out)), -1);
+    {
+        const char *cursor = NULL;
+        pl_json_value e;
+        double d;
+
+        CHECK_EQ(pl_json_number(&v, &d), -1);
+        CHECK_EQ(pl_json_element(&v, &cursor, &e), 0);
+    }
     /* text: no NUL, no lone surrogate; pairs and ED 80-9F are fine */
     CHECK(pl_json_is_text("\xed\x9f\xbf", 3));
     CHECK(!pl_json_is_text("\xed\xbf\xbf", 3));
