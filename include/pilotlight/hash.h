@@ -1,6 +1,6 @@
 /* hash.h -- the hash of the tables clients fill: waiters by key and by
- * controller id (engine.c), verified tokens (token.c), a dispatch body's
- * member names (message.c).
+ * controller id (engine.c), verified tokens (token.c), the member names of
+ * a client's JSON document (json.c).
  *
  * Keyed with a secret drawn at start, so that a client cannot choose names
  * that all land in one bucket and turn each lookup into a list walk. Eight

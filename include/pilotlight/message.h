@@ -1,7 +1,7 @@
 /* message.h -- the dispatch body: {"dequeuedMessage": {...}}.
  *
- * One strict pass validates the whole body, reads the key and finds the
- * dequeuedMessage value's bytes, which are what the controller receives:
+ * One strict pass (json.h) validates the whole body, reads the key and finds
+ * the dequeuedMessage value's bytes, which are what the controller receives:
  * exactly the bytes that were validated. A body is accepted only when it is
  * RFC 8259 JSON that JavaScript's JSON.parse (the controller) reads the same
  * way: UTF-8 without a BOM, the four JSON whitespace bytes, no duplicate
@@ -12,6 +12,7 @@
 
 #include <stddef.h>
 
+#include "pilotlight/json.h"
 #include "pilotlight/key.h"
 
 typedef struct {
@@ -25,7 +26,7 @@ typedef struct {
 #define PL_MESSAGE_ENOMEM (-2)
 
 /* Deepest nesting of arrays and objects accepted. */
-#define PL_MESSAGE_MAX_DEPTH 1000
+#define PL_MESSAGE_MAX_DEPTH PL_JSON_MAX_DEPTH
 
 /* Parses <body> (<len> bytes, must outlive <m>). Returns 0 and fills <m>;
  * PL_MESSAGE_EINVAL with *err set to a message naming what is wrong (JSON

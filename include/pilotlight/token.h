@@ -20,9 +20,12 @@
 #define PL_TOKEN_CACHE_MAX 1024
 
 /* Returns 1 when <s> decodes as a JWT: three non-empty base64url segments
- * joined by dots, the first a JSON object whose "alg" is a non-empty string
- * (the JOSE header), the second a JSON object. Anything else, dots or not,
- * is a bare deployment id: ids are opaque strings. Checks no signature. */
+ * joined by dots, the first beginning with a JSON object (as JSON.parse
+ * reads one, json.h) whose "alg" is a non-empty string (the JOSE header),
+ * the second beginning with a JSON object. Bytes after either object and
+ * repeated names do not change the answer (the verifier refuses them).
+ * Anything else, dots or not, is a bare deployment id: ids are opaque
+ * strings. Checks no signature. */
 int pl_token_is_jwt(const char *s, size_t len);
 
 /* Decodes base64url (no padding) <in> into <out> (room for len*3/4+3 bytes).
@@ -35,10 +38,11 @@ long pl_token_b64url_decode(const char *in, size_t len, unsigned char *out);
 #define PL_TOKEN_NOT_JWT (-2)
 
 /* For a value that decodes as a JWT (pl_token_is_jwt), copies the payload's
- * "deployment" claim into <out> (<cap> bytes, NUL-terminated). Returns its
- * length; -1 when the JWT has no non-empty string "deployment" claim that
- * fits; PL_TOKEN_NOT_JWT when <s> is a bare id. Checks no signature: use
- * pl_token_verify() for that. */
+ * "deployment" claim, decoded, into <out> (<cap> bytes, NUL-terminated; a
+ * repeated claim reads as its first value). Returns its length; -1 when
+ * the JWT has no non-empty string "deployment" claim that fits and holds no
+ * NUL or lone surrogate; PL_TOKEN_NOT_JWT when <s> is a bare id. Checks no
+ * signature: use pl_token_verify() for that. */
 long pl_token_deployment(const char *s, size_t len, char *out, size_t cap);
 
 typedef enum {
@@ -91,13 +95,15 @@ void pl_token_verifier_free(pl_token_verifier *v);
  * naming the outcome, fit for logs and metric labels:
  *   valid, absent, legacy,
  *   too_long, malformed (segment count or an empty segment), bad_base64,
- *   bad_header (not a duplicate-free JSON object), bad_alg (not "HS256"),
+ *   bad_header (not one JSON object, read by json.h with nothing after it,
+ *   without repeated names, \u0000 or lone surrogates; a leading byte order
+ *   mark is dropped, as jose's TextDecoder drops it), bad_alg (not "HS256"),
  *   bad_typ (typ present and not "JWT"), crit, bad_signature,
- *   bad_payload (not a duplicate-free JSON object), bad_iss, bad_aud,
+ *   bad_payload (as bad_header), bad_iss, bad_aud,
  *   bad_ver, bad_claim (a required claim missing or of the wrong type, or
  *   too long), expired, not_yet_valid (nbf in the future), no_memory (a
- *   decode buffer; a failed cJSON allocation reads as bad_header or
- *   bad_payload, or as legacy while the first segment is read).
+ *   decode buffer; one that fails while the first segment is classified
+ *   reads as legacy).
  * A valid token is cached (keyed by its exact bytes) until its exp, so a
  * repeated poll skips HMAC and JSON. Returns the classification. */
 pl_token_result pl_token_verify(pl_token_verifier *v, const char *s, size_t len,

@@ -1,6 +1,7 @@
 /* utf8.h -- what counts as well-formed UTF-8, for every reader of a
- * client's bytes: the JSON reader (message.c), token claims (token.c) and
- * the log's escaping (log.c). RFC 3629: no overlong form, no surrogate,
+ * client's bytes: the JSON reader (json.c: dispatch bodies, token
+ * segments), error texts naming a member (message.c) and the log's
+ * escaping (log.c). RFC 3629: no overlong form, no surrogate,
  * nothing above U+10FFFF -- what JavaScript's decoder takes as it is
  * rather than replacing with U+FFFD. */
 #ifndef PILOTLIGHT_UTF8_H

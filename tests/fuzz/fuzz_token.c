@@ -13,8 +13,8 @@
  *
  * Build (from the repository root):
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude \
- *     tests/fuzz/fuzz_token.c src/token.c src/mem.c src/key.c \
- *     -lcjson -lcrypto -o fuzz_token
+ *     tests/fuzz/fuzz_token.c src/token.c src/json.c src/mem.c src/key.c \
+ *     src/hash.c src/pool.c src/invariant.c -lcrypto -lm -o fuzz_token
  *   ./fuzz_token -dict=tests/fuzz/token.dict tests/fuzz/corpus/token */
 #include <stdint.h>
 #include <stdlib.h>

@@ -160,6 +160,19 @@ async function build() {
   add("nul-escape-in-claim",
       signRaw('{"alg":"HS256"}', payloadText('"note":"a\\u0000b"')), "invalid", "bad_payload",
       { stricter: "\\u0000 would end a C string early" });
+  add("lone-surrogate-in-claim",
+      signRaw('{"alg":"HS256"}', payloadText('"note":"a\\ud800b"')), "invalid", "bad_payload",
+      { stricter: "a lone surrogate is no text a C string or a header can carry" });
+  // JSON.parse refuses these, so jose does: a signed token is no exception.
+  add("raw-tab-in-claim", signRaw('{"alg":"HS256"}', payloadText('"note":"a\tb"')), "invalid",
+      "bad_payload");
+  add("leading-zero-number", signRaw('{"alg":"HS256"}', payloadText('"note":01')), "invalid",
+      "bad_payload");
+  add("trailing-dot-number", signRaw('{"alg":"HS256"}', payloadText('"note":1.')), "invalid",
+      "bad_payload");
+  // jose's TextDecoder drops a byte order mark before the JSON text.
+  add("bom-before-payload", signRaw('{"alg":"HS256"}', "\ufeff" + payloadText()), "valid", "valid",
+      { claims: CLAIMS });
 
   add("wrong-iss", await mint(CLAIMS, SECRET, EXP, { iss: "https://id.evil.dev" }), "invalid", "bad_iss");
   add("wrong-aud", await mint(CLAIMS, SECRET, EXP, { aud: "https://app.trigger.dev" }), "invalid", "bad_aud");

@@ -252,6 +252,16 @@ static void test_header_forgeries(void)
     CHECK_INVALID(mint("{\"alg\":\"HS256\"}x", PAYLOAD), "bad_header");
     CHECK_INVALID(mint("{\"alg\":\"HS256\"}{}", PAYLOAD), "bad_header");
     CHECK_LEGACY(mint("", PAYLOAD));
+    /* JSON as JSON.parse reads it makes a header, then refused for holding
+     * what no C string carries; what is not JSON is no header at all. */
+    CHECK_INVALID(mint("{\"alg\":\"HS256\",\"x\":\"\\ud800\"}", PAYLOAD), "bad_header");
+    CHECK_INVALID(mint("{\"alg\":\"HS256\",\"x\":\"\\u0000\"}", PAYLOAD), "bad_header");
+    CHECK_INVALID(mint("{\"alg\":\"\\u0000\"}", PAYLOAD), "bad_header");
+    CHECK_LEGACY(mint("{\"alg\":\"HS256\",\"x\":\"\x01\"}", PAYLOAD));
+    CHECK_LEGACY(mint("{\"alg\":\"HS256\",\"x\":01}", PAYLOAD));
+    CHECK_LEGACY(mint("\x0b{\"alg\":\"HS256\"}", PAYLOAD));
+    /* A byte order mark is dropped before the JSON text, as jose does. */
+    CHECK_EQ(verify(mint("\xef\xbb\xbf{\"alg\":\"HS256\"}", PAYLOAD)), PL_TOKEN_VALID);
 }
 
 static void test_issuer_audience_version(void)
@@ -443,6 +453,32 @@ static void test_json_strictness(void)
     CHECK_PAYLOAD_INVALID("[{" CLAIMS_BEFORE_EXP ",\"exp\":1750003600}]", "bad_payload");
     CHECK_PAYLOAD_INVALID("{" CLAIMS_BEFORE_EXP ",\"exp\":1750003600,}", "bad_payload");
     CHECK_PAYLOAD_INVALID("null", "bad_payload");
+    /* JSON.parse refuses these, so jose does, signed or not. */
+    CHECK_PAYLOAD_INVALID("{" CLAIMS_BEFORE_EXP ",\"exp\":1750003600,\"x\":\"a\tb\"}",
+                          "bad_payload");
+    CHECK_PAYLOAD_INVALID("{" CLAIMS_BEFORE_EXP ",\"exp\":01750003600}", "bad_payload");
+    CHECK_PAYLOAD_INVALID("{" CLAIMS_BEFORE_EXP ",\"exp\":1750003600.}", "bad_payload");
+    CHECK_PAYLOAD_INVALID("{" CLAIMS_BEFORE_EXP ",\"exp\":1750003600,\"x\":\"\\ud800\"}",
+                          "bad_payload");
+    CHECK_PAYLOAD_INVALID("{" CLAIMS_BEFORE_EXP ",\"exp\":1750003600,\"x\":\"\\udc00\\ud800\"}",
+                          "bad_payload");
+    CHECK_PAYLOAD_INVALID("{" CLAIMS_BEFORE_EXP ",\"exp\":1750003600}\x0b", "bad_payload");
+    /* A surrogate pair is a character; escaped names are the names. */
+    CHECK_EQ(verify(mint(HEADER, "{" CLAIMS_BEFORE_EXP ",\"exp\":1750003600,"
+                                 "\"x\":\"\\ud83d\\ude00\"}")),
+             PL_TOKEN_VALID);
+    CHECK_EQ(verify(mint("{\"\\u0061lg\":\"HS\\u0032\\u00356\"}",
+                         "{\"ver\":1,\"deploym\\u0065nt\":\"dep\\u006C\\u006fyment_\\u00e9\","
+                         "\"deployment_version\":\"v\\/1\",\"environment_id\":\"e\","
+                         "\"environment_type\":\"P\",\"org_id\":\"o\",\"project_id\":\"p\","
+                         "\"iss\":\"https:\\/\\/id.trigger.dev\",\"aud\":[1,{\"a\":[]},"
+                         "\"https:\\/\\/api.trigger.dev\"],\"exp\":1.7500036e9}")),
+             PL_TOKEN_VALID);
+    CHECK_STR(claims.deployment, "deployment_\xc3\xa9");
+    CHECK_STR(claims.deployment_version, "v/1");
+    CHECK(claims.exp == 1750003600.0);
+    /* A byte order mark is dropped before the JSON text, as jose does. */
+    CHECK_EQ(verify(mint(HEADER, "\xef\xbb\xbf" PAYLOAD)), PL_TOKEN_VALID);
 }
 
 static void test_base64_strictness(void)
@@ -695,6 +731,24 @@ static void test_legacy_helpers(void)
     CHECK_EQ(pl_token_is_jwt("deployment_x", 12), 0);
     CHECK_EQ(pl_token_deployment(t, strlen(t), dep, sizeof(dep)), 17);
     CHECK_STR(dep, "deployment_abc123");
+    /* The claim as JavaScript reads it, escapes decoded; one a C string
+     * would cut short (a NUL) or no header carries is no claim. */
+    t = mint(HEADER, "{\"deployment\":\"dep_\\u00e9\",\"x\":\"\\ud800\"}");
+    CHECK_EQ(pl_token_deployment(t, strlen(t), dep, sizeof(dep)), 6);
+    CHECK_STR(dep, "dep_\xc3\xa9");
+    t = mint(HEADER, "{\"deployment\":\"a\\u0000b\"}");
+    CHECK_EQ(pl_token_deployment(t, strlen(t), dep, sizeof(dep)), -1);
+    t = mint(HEADER, "{\"deployment\":\"a\\udc00\"}");
+    CHECK_EQ(pl_token_deployment(t, strlen(t), dep, sizeof(dep)), -1);
+    CHECK_EQ(pl_token_deployment(t, strlen(t), dep, 0), -1);
+    /* Unverified, a repeated claim reads as its first value; a payload that
+     * is not JSON makes the value a bare id. */
+    t = mint(HEADER, "{\"deployment\":\"first\",\"deployment\":\"second\"}");
+    CHECK_EQ(pl_token_deployment(t, strlen(t), dep, sizeof(dep)), 5);
+    CHECK_STR(dep, "first");
+    t = mint(HEADER, "{\"deployment\":\"a\tb\"}");
+    CHECK_EQ(pl_token_deployment(t, strlen(t), dep, sizeof(dep)), PL_TOKEN_NOT_JWT);
+    CHECK_EQ(pl_token_is_jwt(t, strlen(t)), 0);
     /* The lenient decoder still accepts non-zero unused bits. */
     unsigned char out[8];
     CHECK_EQ(pl_token_b64url_decode("QR", 2, out), 1);
