@@ -10,11 +10,11 @@ answered (its own /metrics), and confirm's over written's.
 
 Why two at once: what the host takes from the CPU (steal, cold caches)
 comes and goes within seconds, and moved one server's cost per cycle by up
-to 16 % between neighbouring 3 s slices (docs/benchmarks.md). Two servers
-on the same CPU in the same seconds both pay it, and their ratio moves by
-a few per cent at most. Why the swap: the two servers differ a little by
-themselves (a few per cent, whichever mode they run); each mode runs half
-the slices on each, so two neighbouring slices together cancel it."""
+to 16 % between neighbouring 3 s slices. Two servers on the same CPU in
+the same seconds both pay it, and their ratio moves by a few per cent at
+most. Why the swap: the two servers differ a little by themselves (a few
+per cent, whichever mode they run); each mode runs half the slices on
+each, so two neighbouring slices together cancel it."""
 
 import argparse
 import json

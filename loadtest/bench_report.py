@@ -1,7 +1,17 @@
 #!/usr/bin/env python3
-"""bench_report.py -- turns loadtest/bench's JSON lines into the markdown
-report: per scenario a table of medians with min-max over the runs and each
-system's ratio to pilotlight, then the issue's targets, met or missed."""
+"""bench_report.py -- turns loadtest/bench's JSON lines into the whole of
+docs/benchmarks.md: the run (command, commit, machine, versions), the
+targets with their verdicts, per scenario a table of medians with min-max
+over the runs and each system's ratio to pilotlight, and the method with
+the commands as they were run.
+
+    bench_report.py RESULTS.jsonl [--meta META.json] [--commands COMMANDS.jsonl]
+
+RESULTS: pl-loadgen's JSON lines with the bench's system and setting, and
+those of bench_modes.py, bench_impaired.py and loadtest/callgrind --json.
+META: what the bench knew of the run (command, wall time, commit, machine,
+versions, settings). COMMANDS: one line per command the bench ran, with
+placeholders for ports and pids."""
 
 import argparse
 import json
@@ -11,6 +21,9 @@ from collections import defaultdict
 
 SYSTEMS = ["machine", "pilotlight", "pilotlight-written", "pilotlight-confirm", "floor",
            "bun-compiled", "bun", "node", "nchan", "nginx-204"]
+MODES = ("written", "confirm")
+CONFIRM_OVER_WRITTEN = 1.10   # confirm's CPU (and instructions) per cycle, at most
+DELACK_MIN_MS, DELACK_MAX_MS = 40.0, 200.0  # Linux's delayed-ACK timer bounds
 
 
 def get(rec, path):
@@ -36,6 +49,9 @@ class Runs:
     def spread(self, path):
         v = self.values(path)
         return (min(v), max(v)) if v else None
+
+    def total(self, path):
+        return sum(self.values(path))
 
 
 def fmt(x, digits=None):
@@ -63,55 +79,64 @@ def ratio(runs, base, path):
     return f"{a / b:.2f}×"
 
 
-# (scenario, setting prefix) -> (title, [(label, path, digits)], headline path, note)
-TABLES = [
-    ("jitter", "cpu", "machine: a pinned loop that only reads the clock (3 s)",
-     [("gaps >100 µs /s", "gaps_100us_per_s", 1), ("gaps >1 ms /s", "gaps_1ms_per_s", 1),
-      ("gaps >5 ms /s", "gaps_5ms_per_s", 1), ("longest gap µs", "max_gap_us", 0),
-      ("time lost in gaps >100 µs %", "lost_pct", 2)],
-     None),
-    ("ceiling", "wrk", "HTTP ceiling: nginx `return 204` driven by wrk (-t1 -c50)",
-     [("requests/s", "req_per_s", 0), ("server CPU µs/request", "server_cpu_us_per_req", 2)],
-     None),
-    ("cycle", "closed", "cycle, closed loop (500 controllers, 50 dispatchers)",
-     [("dispatch/s", "dispatch_per_s", 0), ("delivered/s", "delivered_per_s", 0),
-      ("hit ratio", "hit_ratio", 3), ("server CPU µs/cycle", "server_cpu_us_per_cycle", 1),
-      ("server CPU %", "server_cpu_pct", 0), ("delivery p99 µs", "delivery_us.p99", 0),
-      ("generator CPU %", "generator_cpu_pct", 0)],
-     "server_cpu_us_per_cycle"),
-    ("cycle", "rate", "cycle at a fixed offered rate",
-     [("delivered/s", "delivered_per_s", 0), ("server CPU µs/cycle", "server_cpu_us_per_cycle", 1),
-      ("delivery p50 µs", "delivery_us.p50", 0), ("delivery p99 µs", "delivery_us.p99", 0),
-      ("delivery p99.9 µs", "delivery_us.p999", 0), ("delivery max µs", "delivery_us.max", 0),
-      ("dispatch p99 µs", "dispatch_us.p99", 0)],
-     "delivery_us.p99"),
-    ("idle", "parked", "idle: parked polls held open",
-     [("bytes/parked poll", "bytes_per_parked", 0), ("RSS before KiB", "rss_before_kb", 0),
-      ("RSS with KiB", "rss_with_kb", 0), ("RSS 2 s after close KiB", "rss_after_kb", 0),
-      ("probe after close", "probe_status", 0)],
-     "bytes_per_parked"),
-    ("churn", "cycles", "churn: connect, park, abort",
-     [("cycles/s", "cycles_per_s", 0), ("RSS warmed KiB", "rss_base_kb", 0),
-      ("RSS peak KiB", "rss_peak_kb", 0), ("RSS end KiB", "rss_end_kb", 0),
-      ("growth KiB", "rss_growth_kb", 0), ("growth %", "rss_growth_pct", 2),
-      ("growth from start KiB", "rss_growth_from_start_kb", 0),
-      ("server CPU µs/cycle", "server_cpu_us_per_cycle", 1), ("ledger ok", "ledger_ok", 0)],
-     "rss_peak_kb"),
-    ("scale", "scale", "scale: dispatch latency (µs) at a fixed rate, p99",
-     [("1 k parked", "parked_small.dispatch_us.p99", 0),
-      ("large parked", "parked_large.dispatch_us.p99", 0),
-      ("1 key", "keys_one.dispatch_us.p99", 0), ("1 key per poll", "keys_many.dispatch_us.p99", 0),
-      ("ratio parked", "p99_ratio_parked", 2), ("ratio keys", "p99_ratio_keys", 2)],
-     None),
-    ("scale", "scale", "scale: the same runs, p50 and p90",
-     [("1 k parked p50", "parked_small.dispatch_us.p50", 0),
-      ("large parked p50", "parked_large.dispatch_us.p50", 0),
-      ("1 key p50", "keys_one.dispatch_us.p50", 0), ("1 key per poll p50", "keys_many.dispatch_us.p50", 0),
-      ("1 k parked p90", "parked_small.dispatch_us.p90", 0),
-      ("large parked p90", "parked_large.dispatch_us.p90", 0),
-      ("1 key p90", "keys_one.dispatch_us.p90", 0), ("1 key per poll p90", "keys_many.dispatch_us.p90", 0)],
-     None),
-]
+def verdict(ok):
+    return "met" if ok else "**missed**"
+
+
+def row(cells):
+    return "| " + " | ".join(cells) + " |"
+
+
+def head(cells):
+    return [row(cells), "|" + "---|" * len(cells)]
+
+
+# (scenario, setting prefix, title, setting column or None, [(label, path, digits)],
+#  headline path for the "× pilotlight" column or None)
+TABLES = {
+    "jitter": ("jitter", "cpu", "A pinned loop that only reads the clock, 3 s per CPU", "CPU",
+               [("gaps >100 µs /s", "gaps_100us_per_s", 1), ("gaps >1 ms /s", "gaps_1ms_per_s", 1),
+                ("gaps >5 ms /s", "gaps_5ms_per_s", 1), ("longest gap µs", "max_gap_us", 0),
+                ("time lost in gaps >100 µs %", "lost_pct", 2)], None),
+    "ceiling": ("ceiling", "wrk", "nginx `return 204` under wrk (-t1 -c50): the HTTP ceiling", None,
+                [("requests/s", "req_per_s", 0), ("server CPU µs/request", "server_cpu_us_per_req", 2)],
+                None),
+    "closed": ("cycle", "closed", "Closed loop: each dispatcher sends again once answered", None,
+               [("dispatch/s", "dispatch_per_s", 0), ("hit ratio", "hit_ratio", 3),
+                ("server CPU µs/cycle", "server_cpu_us_per_cycle", 1),
+                ("server CPU %", "server_cpu_pct", 0), ("delivery p99 µs", "delivery_us.p99", 0),
+                ("generator CPU %", "generator_cpu_pct", 0)], "server_cpu_us_per_cycle"),
+    "rate": ("cycle", "rate", "At a fixed offered rate", "offered/s",
+             [("delivered/s", "delivered_per_s", 0), ("server CPU µs/cycle", "server_cpu_us_per_cycle", 1),
+              ("delivery p50 µs", "delivery_us.p50", 0), ("delivery p99 µs", "delivery_us.p99", 0),
+              ("delivery p99.9 µs", "delivery_us.p999", 0), ("delivery max µs", "delivery_us.max", 0),
+              ("dispatch p99 µs", "dispatch_us.p99", 0)], "delivery_us.p99"),
+    "idle": ("idle", "parked", "Parked polls held open", "parked",
+             [("bytes/parked poll", "bytes_per_parked", 0), ("RSS before KiB", "rss_before_kb", 0),
+              ("RSS with KiB", "rss_with_kb", 0), ("RSS 2 s after close KiB", "rss_after_kb", 0),
+              ("probe after close", "probe_status", 0)], "bytes_per_parked"),
+    "churn": ("churn", "cycles", "Connect, park, abort", "cycles",
+              [("cycles/s", "cycles_per_s", 0), ("RSS warmed KiB", "rss_base_kb", 0),
+               ("RSS peak KiB", "rss_peak_kb", 0), ("RSS end KiB", "rss_end_kb", 0),
+               ("end − warmed KiB", "rss_growth_kb", 0), ("end − warmed %", "rss_growth_pct", 2),
+               ("server CPU µs/cycle", "server_cpu_us_per_cycle", 1), ("ledger ok", "ledger_ok", 0)],
+              None),
+    "scale99": ("scale", "scale", "Dispatch latency p99 (µs) at a fixed rate", None,
+                [("1 k parked", "parked_small.dispatch_us.p99", 0),
+                 ("large parked", "parked_large.dispatch_us.p99", 0),
+                 ("1 key", "keys_one.dispatch_us.p99", 0),
+                 ("1 key per poll", "keys_many.dispatch_us.p99", 0),
+                 ("ratio parked", "p99_ratio_parked", 2), ("ratio keys", "p99_ratio_keys", 2)], None),
+    "scale50": ("scale", "scale", "The same runs, p50 and p90 (µs)", None,
+                [("1 k parked p50", "parked_small.dispatch_us.p50", 0),
+                 ("large parked p50", "parked_large.dispatch_us.p50", 0),
+                 ("1 key p50", "keys_one.dispatch_us.p50", 0),
+                 ("1 key per poll p50", "keys_many.dispatch_us.p50", 0),
+                 ("1 k parked p90", "parked_small.dispatch_us.p90", 0),
+                 ("large parked p90", "parked_large.dispatch_us.p90", 0),
+                 ("1 key p90", "keys_one.dispatch_us.p90", 0),
+                 ("1 key per poll p90", "keys_many.dispatch_us.p90", 0)], None),
+}
 
 
 COUNTS = ("secs", "dispatches", "hits", "misses", "delivered", "lost", "reconnects")
@@ -162,30 +187,86 @@ def settings_of(g, scenario, prefix):
                   key=lambda s: (len(s), s))
 
 
-def table(g, scenario, setting, title, cols, headline, out):
-    systems = [s for s in SYSTEMS if (scenario, setting, s) in g]
-    if not systems:
-        return
-    base = Runs(g.get((scenario, setting, "pilotlight"), [])) if headline else None
-    label = setting if setting not in ("closed", "wrk", "scale") else ""
-    if scenario == "jitter":
-        label = "CPU " + setting[3:]
-    out.append(f"### {title}{' — ' + label if label else ''}\n")
-    head = ["system", "runs"] + [c[0] for c in cols]
-    if headline:
-        head.append("vs pilotlight (" + next(c[0] for c in cols if c[1] == headline) + ")")
-    out.append("| " + " | ".join(head) + " |")
-    out.append("|" + "---|" * len(head))
-    for s in systems:
-        runs = Runs(g[(scenario, setting, s)])
-        row = [s, str(len(runs.recs))] + [cell(runs, c[1], c[2]) for c in cols]
+def setting_value(setting, prefix):
+    v = setting[len(prefix):]
+    return f"{int(v):,}" if v.isdigit() else v
+
+
+def table(g, key, out):
+    """One table of TABLES: a row per system (and per setting, where the
+    table has a setting column; otherwise one table per setting)."""
+    scenario, prefix, title, setcol, cols, headline = TABLES[key]
+    settings = settings_of(g, scenario, prefix)
+    groups = [settings] if setcol else [[s] for s in settings]
+    for sts in groups:
+        rows = [(s, st) for st in sts for s in SYSTEMS if (scenario, st, s) in g]
+        if not rows:
+            continue
+        if len({s for s, _ in rows}) == len(rows):  # a setting per system: system order
+            rows.sort(key=lambda r: SYSTEMS.index(r[0]))
+        out.append(f"**{title}**\n")
+        cells = ["system", "runs"] + ([setcol] if setcol else []) + [c[0] for c in cols]
         if headline:
-            row.append(ratio(runs, base, headline))
-        out.append("| " + " | ".join(row) + " |")
+            cells.append("× pilotlight (" + next(c[0] for c in cols if c[1] == headline) + ")")
+        out.extend(head(cells))
+        for s, st in rows:
+            runs = Runs(g[(scenario, st, s)])
+            line = [s, str(len(runs.recs))] + ([setting_value(st, prefix)] if setcol else [])
+            line += [cell(runs, c[1], c[2]) for c in cols]
+            if headline:
+                base = g.get((scenario, st, "pilotlight"))
+                line.append(ratio(runs, Runs(base), headline) if base else "–")
+            out.append(row(line))
+        out.append("")
+
+
+# ---- confirm against written --------------------------------------------------
+
+def mode_runs(g, scenario, setting, mode, default_delivery):
+    """The runs of pilotlight in <mode>: pilotlight-<mode>, else plain
+    pilotlight when that is its default delivery."""
+    r = g.get((scenario, setting, f"pilotlight-{mode}"))
+    if not r and default_delivery == mode:
+        r = g.get((scenario, setting, "pilotlight"))
+    return Runs(r) if r else None
+
+
+def modes_compared(g, default_delivery):
+    """[(what, written Runs, confirm Runs, path, unit)] for every measure of
+    the two modes side by side: CPU per cycle in each cycle setting, and
+    user-space instructions per cycle."""
+    rows = []
+    for st in settings_of(g, "cycle", "closed") + settings_of(g, "cycle", "rate"):
+        w, c = (mode_runs(g, "cycle", st, m, default_delivery) for m in MODES)
+        if w and c:
+            what = ("server CPU per cycle, closed loop" if st == "closed" else
+                    f"server CPU per cycle, {setting_value(st, 'rate')} cycles/s offered")
+            rows.append((what, w, c, "server_cpu_us_per_cycle", "µs"))
+    for st in settings_of(g, "instructions", "rate"):
+        w, c = (mode_runs(g, "instructions", st, m, None) for m in MODES)
+        if w and c:
+            rows.append((f"user-space instructions per cycle, {setting_value(st, 'rate')} cycles/s "
+                         "(callgrind)", w, c, "instructions_per_cycle", "k"))
+    return rows
+
+
+def modes_cell(runs, path, unit):
+    if unit == "k":
+        v = [x / 1000 for x in runs.values(path)]
+        return cell(Runs([{"v": x} for x in v]), "v", 1) + " k"
+    return cell(runs, path, 1) + " µs"
+
+
+def modes_compared_table(g, default_delivery, out):
+    rows = modes_compared(g, default_delivery)
+    if not rows:
+        return
+    out.append("**Per match cycle, each mode alone**\n")
+    out.extend(head(["measure", "runs", "`written`", "`confirm`", "confirm ÷ written"]))
+    for what, w, c, path, unit in rows:
+        out.append(row([what, f"{len(w.recs)} + {len(c.recs)}", modes_cell(w, path, unit),
+                        modes_cell(c, path, unit), f"{c.median(path) / w.median(path):.3f}"]))
     out.append("")
-
-
-MODES = ("written", "confirm")
 
 
 def modes_rounds(g):
@@ -224,150 +305,359 @@ def modes_table(g, out):
     rounds = modes_rounds(g)
     if not rounds:
         return
-    out.append("### confirm against written in the same seconds: two servers on CPU 0 in "
-               "opposite delivery modes, swapped by SIGHUP slice by slice (A B B A …)\n")
-    head = ["setting", "round", "slices", "written µs/cycle", "confirm µs/cycle",
-            "confirm ÷ written", "± (1 s.e.)", "second server ÷ first",
-            "acked in written / confirm", "host steal % (median, max)"]
-    out.append("| " + " | ".join(head) + " |")
-    out.append("|" + "---|" * len(head))
+    out.append("**In the same seconds (`modes`): two servers on CPU 0 in opposite delivery "
+               "modes, swapped by SIGHUP slice by slice (A B B A …)**\n")
+    out.extend(head(["setting", "round", "slices", "written µs/cycle", "confirm µs/cycle",
+                     "confirm ÷ written", "± (1 s.e.)", "second server ÷ first",
+                     "acked in written / confirm", "host steal % (median, max)"]))
     for (st, rd), sl in rounds.items():
-        row = [st, str(rd), str(len(sl))]
-        row += [cell(Runs(sl), f"{m}_us_per_cycle", 1) for m in MODES]
+        line = [st, str(rd), str(len(sl))]
+        line += [cell(Runs(sl), f"{m}_us_per_cycle", 1) for m in MODES]
         x, se, servers = modes_ratio(sl)
-        row += ["–"] * 3 if x is None else [f"{x:.3f}", f"{100 * se:.1f} %", f"{servers:.3f}"]
-        row.append(" / ".join(f"{sum(r[m + '_acked'] for r in sl):,}" for m in MODES))
+        line += ["–"] * 3 if x is None else [f"{x:.3f}", f"{100 * se:.1f} %", f"{servers:.3f}"]
+        line.append(" / ".join(f"{sum(r[m + '_acked'] for r in sl):,}" for m in MODES))
         steal = [r["steal_pct"] for r in sl]
-        row.append(f"{statistics.median(steal):.1f}, {max(steal):.1f}")
-        out.append("| " + " | ".join(row) + " |")
+        line.append(f"{statistics.median(steal):.1f}, {max(steal):.1f}")
+        out.append(row(line))
     out.append("")
 
 
-def verdict(ok):
-    return "met" if ok else "**missed**"
+# ---- impaired network ------------------------------------------------------------
+
+def delack_allowance_ms(rtt_ms):
+    """How long a Linux peer may hold a delayed ACK on a path of <rtt_ms>:
+    its delayed-ACK timer runs at least 40 ms and at most 200 ms, and is cut
+    to the path's smoothed RTT when that is longer than 40 ms."""
+    return min(DELACK_MAX_MS, max(DELACK_MIN_MS, rtt_ms))
 
 
-def targets(g, out):
-    def runs(sc, st_prefix, sys):
-        for (a, b, c), v in g.items():
-            if a == sc and b and b.startswith(st_prefix) and c == sys:
-                return Runs(v)
-        return None
-
-    head = len(out)
-    out.append("## Targets (issue 3)\n")
-    out.append("| target | measured | verdict |")
-    out.append("|---|---|---|")
-    pl = runs("cycle", "closed", "pilotlight")
-    bun = runs("cycle", "closed", "bun-compiled")
-    ngx = runs("ceiling", "wrk", "nginx-204")
-    if pl and bun:
-        a, b = pl.median("server_cpu_us_per_cycle"), bun.median("server_cpu_us_per_cycle")
-        if a and b:
-            out.append(f"| server CPU per cycle ≤ 1/5 of compiled Bun's | {a:.1f} µs vs {b:.1f} µs "
-                       f"= 1/{b / a:.1f} | {verdict(a * 5 <= b)} |")
-    if pl and ngx:
-        a, n = pl.median("server_cpu_us_per_cycle"), ngx.median("server_cpu_us_per_req")
-        if a and n:
-            out.append(f"| … and ≤ two nginx `return 204` requests | {a:.1f} µs vs 2 × {n:.2f} µs "
-                       f"= {a / n:.2f} requests | {verdict(a <= 2 * n)} |")
-    for (a_, st, sys) in sorted(g):
-        if a_ == "cycle" and st.startswith("rate") and sys == "pilotlight":
-            r = Runs(g[(a_, st, sys)])
-            p99, mx = r.median("delivery_us.p99"), r.median("delivery_us.max")
-            rate = r.median("delivered_per_s")
-            out.append(f"| at {st[4:]} cycles/s offered: delivery p99 ≤ 0.5 ms | {p99 / 1000:.3f} ms "
-                       f"(delivered {rate:,.0f}/s) | {verdict(p99 <= 500)} |")
-            out.append(f"| … and max ≤ 3 ms | {mx / 1000:.3f} ms | {verdict(mx <= 3000)} |")
-    for (a_, st, sys) in sorted(g, key=lambda k: (k[0], len(k[1] or ""), k[1] or "")):
-        if a_ == "idle" and sys == "pilotlight":
-            r = Runs(g[(a_, st, sys)])
-            b = r.median("bytes_per_parked")
-            out.append(f"| ≤ 1 KiB RSS per parked poll at {st[6:]} | {b:,.0f} bytes | "
-                       f"{verdict(b <= 1024)} |")
-    ch = runs("churn", "cycles", "pilotlight")
-    if ch:
-        st = next(b for (a, b, c) in g if a == "churn" and c == "pilotlight")
-        worst = max(abs(v) for v in ch.values("rss_growth_pct"))
-        peaks = ch.values("rss_peak_kb")
-        spread = (max(peaks) - min(peaks)) * 100.0 / min(peaks) if peaks else 0
-        out.append(f"| churn {st[6:]} cycles: RSS back within 1 % of warmed baseline | worst run "
-                   f"{worst:.2f} % | {verdict(worst <= 1.0)} |")
-        out.append(f"| … peak RSS across {len(peaks)} runs within 1 % | "
-                   f"{min(peaks):,}–{max(peaks):,} KiB = {spread:.2f} % | {verdict(spread <= 1.0)} |")
-        ok = all(v == 1 for v in ch.values("ledger_ok"))
-        out.append(f"| … ledger balanced after churn | {ch.values('ledger_ok')} | {verdict(ok)} |")
-    sc = runs("scale", "scale", "pilotlight")
-    if sc:
-        for name, path in (("1 k vs large parked", "p99_ratio_parked"),
-                           ("1 vs many keys (+ misses)", "p99_ratio_keys")):
-            v = sc.median(path)
-            out.append(f"| scale p99 within ±10 %: {name} | ratio {v:.2f} | "
-                       f"{verdict(0.9 <= v <= 1.1)} |")
-    if len(out) == head + 3:  # none of its scenarios ran
-        del out[head:]
-    else:
-        out.append("")
+def impaired_cells(g):
+    """[(nominal RTT, mode, Runs)] in RTT order."""
+    cells = []
+    for (sc, st, sys), recs in g.items():
+        if sc == "impaired" and sys.startswith("pilotlight-"):
+            cells.append((recs[0]["rtt_nominal_ms"], sys[len("pilotlight-"):], Runs(recs)))
+    return sorted(cells, key=lambda c: (c[0], MODES.index(c[1]) if c[1] in MODES else 9))
 
 
-def targets_floor(g, out):
-    """Issue 10, per cycle setting: confirm's cost over written, and
-    pilotlight's over the floor and compiled Bun; and confirm over written
-    per round of the modes scenario."""
+def skipped(g, scenario):
+    recs = g.get(("skipped", scenario, None))
+    return recs[0]["why"] if recs else None
+
+
+def impaired_table(g, out):
+    cells = impaired_cells(g)
+    why = skipped(g, "impaired")
+    if why:
+        out.append(f"Not run on this machine: {why}.\n")
+    if not cells:
+        return
+    out.extend(head(["RTT ms (measured)", "mode", "rounds", "true / false", "p50 ms", "p90 ms",
+                     "p99 ms", "RTT + delayed ACK ms", "runs received twice",
+                     "`false`, received", "`true`, not received", "lost"]))
+    for rtt, mode, runs in cells:
+        measured = runs.median("rtt_ms")
+        out.append(row([
+            f"{rtt:g} ({measured:.1f})", f"`{mode}`", str(len(runs.recs)),
+            f"{runs.total('true'):,.0f} / {runs.total('false'):,.0f}",
+            cell(runs, "p50_ms", 1), cell(runs, "p90_ms", 1), cell(runs, "p99_ms", 1),
+            f"{measured + delack_allowance_ms(measured):.0f}" if mode == "confirm" else "–",
+            *(f"{runs.total(k):.0f}" for k in ("duplicates", "false_received", "true_unreceived",
+                                               "lost"))]))
+    out.append("")
+
+
+# ---- targets ---------------------------------------------------------------------------
+
+def targets(g, meta):
+    """[(target, measured, verdict)]: every target the measured scenarios
+    can judge."""
+    rows = []
+    default_delivery = meta.get("default_delivery")
+
     def cpu(sys, st):
         r = g.get(("cycle", st, sys))
         return Runs(r).median("server_cpu_us_per_cycle") if r else None
 
-    def at(st, each=""):
-        if st == "closed":
-            return "in the closed loop"
-        rate, _, hold = st[4:].partition("-hold")
-        return f"at {rate} cycles/s offered{each}" + \
-            (f", controllers running {hold} ms before they poll again" if hold else "")
+    def at(st):
+        return "closed loop" if st == "closed" else f"{setting_value(st, 'rate')} cycles/s offered"
 
-    rows = []
-    settings = settings_of(g, "cycle", "closed") + settings_of(g, "cycle", "rate")
-    for st in settings:
-        w, c = cpu("pilotlight-written", st), cpu("pilotlight-confirm", st)
-        if w and c:
-            rows.append(f"| `delivery = confirm` CPU per cycle ≤ 1.05 × `written`, {at(st)} | "
-                        f"{c:.1f} µs vs {w:.1f} µs = {c / w:.3f}× | {verdict(c <= 1.05 * w)} |")
+    cycle_settings = settings_of(g, "cycle", "closed") + settings_of(g, "cycle", "rate")
+    pl, bun = cpu("pilotlight", "closed"), cpu("bun-compiled", "closed")
+    if pl and bun:
+        rows.append(("CPU per match cycle ≤ ⅕ of compiled Bun's, closed loop",
+                     f"{pl:.1f} µs vs {bun:.1f} µs = 1/{bun / pl:.1f}", verdict(pl * 5 <= bun)))
+    ngx = g.get(("ceiling", "wrk", "nginx-204"))
+    n = Runs(ngx).median("server_cpu_us_per_req") if ngx else None
+    if pl and n:
+        rows.append(("CPU per match cycle ≤ two nginx `return 204` requests, closed loop",
+                     f"{pl:.1f} µs vs 2 × {n:.2f} µs = {pl / n:.2f} requests", verdict(pl <= 2 * n)))
+    for st in cycle_settings:
+        fl, bun = cpu("floor", st), cpu("bun-compiled", st)
+        for name in ("pilotlight", "pilotlight-written", "pilotlight-confirm"):
+            p = cpu(name, st)
+            if p and fl:
+                rows.append((f"{name}: CPU per match cycle ≤ 1.15 × pl-floor's, {at(st)}",
+                             f"{p:.1f} µs vs {fl:.1f} µs = {p / fl:.2f}×", verdict(p <= 1.15 * fl)))
+            if p and bun:
+                rows.append((f"{name}: CPU per match cycle ≤ ½ of compiled Bun's, {at(st)}",
+                             f"{p:.1f} µs vs {bun:.1f} µs = {p / bun:.2f}×", verdict(2 * p <= bun)))
+    for st in settings_of(g, "cycle", "rate"):
+        r = g.get(("cycle", st, "pilotlight"))
+        if r:
+            r = Runs(r)
+            p99, mx = r.median("delivery_us.p99"), r.median("delivery_us.max")
+            rows.append((f"delivery p99 ≤ 0.5 ms, {at(st)}",
+                         f"{p99 / 1000:.3f} ms (delivered {r.median('delivered_per_s'):,.0f}/s)",
+                         verdict(p99 <= 500)))
+            rows.append((f"delivery max ≤ 3 ms, {at(st)}", f"{mx / 1000:.3f} ms",
+                         verdict(mx <= 3000)))
+    for st in settings_of(g, "idle", "parked"):
+        r = g.get(("idle", st, "pilotlight"))
+        if r:
+            b = Runs(r).median("bytes_per_parked")
+            rows.append((f"RSS per parked poll ≤ 1 KiB, {setting_value(st, 'parked')} parked",
+                         f"{b:,.0f} bytes", verdict(b <= 1024)))
+    for st in settings_of(g, "churn", "cycles"):
+        r = g.get(("churn", st, "pilotlight"))
+        if not r:
+            continue
+        ch, cycles = Runs(r), setting_value(st, "cycles")
+        worst = max(abs(v) for v in ch.values("rss_growth_pct"))
+        peaks = ch.values("rss_peak_kb")
+        spread = (max(peaks) - min(peaks)) * 100.0 / min(peaks)
+        rows.append((f"churn of {cycles} cycles: RSS at the end within 1 % of the warmed baseline",
+                     f"worst run {worst:.2f} %", verdict(worst <= 1.0)))
+        rows.append((f"churn of {cycles} cycles: peak RSS within 1 % across runs",
+                     f"{min(peaks):,.0f}–{max(peaks):,.0f} KiB = {spread:.2f} %",
+                     verdict(spread <= 1.0)))
+        ok = ch.values("ledger_ok")
+        rows.append((f"churn of {cycles} cycles: every parked poll settled exactly once (ledger)",
+                     f"{sum(1 for v in ok if v == 1)} of {len(ok)} runs balanced",
+                     verdict(bool(ok) and all(v == 1 for v in ok))))
+    r = g.get(("scale", "scale", "pilotlight"))
+    if r:
+        st = meta.get("settings", {})
+        small, large = (f"{int(st[k]):,}" if str(st.get(k, "")).isdigit() else "?"
+                        for k in ("SCALE_SMALL", "SCALE_LARGE"))
+        for name, path in ((f"{small} against {large} polls parked", "p99_ratio_parked"),
+                           ("1 key against 1 key per poll, half the dispatches missing",
+                            "p99_ratio_keys")):
+            v = Runs(r).median(path)
+            rows.append((f"dispatch p99 within ±10 %: {name}", f"ratio {v:.2f}",
+                         verdict(0.9 <= v <= 1.1)))
+    for what, w, c, path, _ in modes_compared(g, default_delivery):
+        x = c.median(path) / w.median(path)
+        rows.append((f"`confirm` ≤ {CONFIRM_OVER_WRITTEN:.2f} × `written`: {what}", f"{x:.3f}×",
+                     verdict(x <= CONFIRM_OVER_WRITTEN)))
     by_setting = defaultdict(list)
     for (st, _), sl in modes_rounds(g).items():
         x = modes_ratio(sl)[0]
         if x is not None:
             by_setting[st].append(x)
     for st, rs in by_setting.items():
-        met = sum(1 for x in rs if x <= 1.05)
-        rows.append(f"| `confirm` ≤ 1.05 × `written` in the same seconds (modes), "
-                    f"{at(st, ' each')}, per round | "
-                    f"{', '.join(f'{x:.3f}' for x in rs)} | "
-                    f"{verdict(met == len(rs))} ({met} of {len(rs)}) |")
-    for st in settings:
-        fl, bun = cpu("floor", st), cpu("bun-compiled", st)
-        for name in ("pilotlight", "pilotlight-confirm", "pilotlight-written"):
-            pl = cpu(name, st)
-            if pl and fl:
-                rows.append(f"| {name} CPU per cycle ≤ 1.15 × the floor (pl-floor), {at(st)} | "
-                            f"{pl:.1f} µs vs {fl:.1f} µs = {pl / fl:.2f}× | "
-                            f"{verdict(pl <= 1.15 * fl)} |")
-            if pl and bun:
-                rows.append(f"| … and ≤ ½ of compiled Bun's | {pl:.1f} µs vs {bun:.1f} µs = "
-                            f"{pl / bun:.2f}× | {verdict(2 * pl <= bun)} |")
-    if rows:
-        out.append("## Targets (issue 10)\n")
-        out.append("| target | measured | verdict |")
-        out.append("|---|---|---|")
-        out.extend(rows)
-        out.append("")
+        met = sum(1 for x in rs if x <= CONFIRM_OVER_WRITTEN)
+        rows.append((f"`confirm` ≤ {CONFIRM_OVER_WRITTEN:.2f} × `written` in the same seconds "
+                     f"(`modes`), {st}, every round", ", ".join(f"{x:.3f}" for x in rs),
+                     f"{verdict(met == len(rs))} ({met} of {len(rs)})"))
+    cells = impaired_cells(g)
+    for rtt, mode, runs in cells:
+        if mode != "confirm":
+            continue
+        p50, measured = runs.median("p50_ms"), runs.median("rtt_ms")
+        bound = measured + delack_allowance_ms(measured)
+        rows.append((f"`confirm` dispatch latency p50 ≤ one RTT + the peer's delayed ACK, "
+                     f"RTT {rtt:g} ms", f"{p50:.1f} ms vs {bound:.0f} ms", verdict(p50 <= bound)))
+    if cells:
+        bad = sum(runs.total(k) for _, _, runs in cells
+                  for k in ("duplicates", "false_received", "true_unreceived", "lost"))
+        n = sum(runs.total("dispatches") for _, _, runs in cells)
+        rows.append(("impaired network, both modes, every RTT: no run received twice, no `false` "
+                     "for a received run, no `true` for a run nobody received, none lost",
+                     f"{bad:.0f} such runs of {n:,.0f}", verdict(bad == 0)))
+    elif skipped(g, "impaired"):
+        rows.append(("`confirm` dispatch latency p50 ≤ one RTT + the peer's delayed ACK",
+                     "not measured (see *Dispatch latency at a distance*)", "–"))
+    return rows
+
+
+# ---- the page -----------------------------------------------------------------------------
+
+def header(meta, out):
+    quick = meta.get("quick") == "1"
+    out.append("# Benchmarks\n")
+    out.append("pilotlight against the brokers it replaces, and its two delivery modes against "
+               "each other, on one machine. This page is generated whole by "
+               "`loadtest/bench --out docs/benchmarks.md`; to change it, change the bench "
+               "(`loadtest/bench`, `loadtest/bench_report.py`) and run it again. How each "
+               "figure is measured: *Method*, at the end.\n")
+    if quick:
+        out.append("> **Quick run** (`--quick`): every scenario shortened, to check that the "
+                   "command works. These figures are not a measurement of pilotlight; the "
+                   "full run is `loadtest/bench --out docs/benchmarks.md`.\n")
+    if not meta:
+        return
+    wall = int(meta.get("wall_s", 0) or 0)
+    commit = f"`{meta.get('commit', 'unknown')}`"
+    if meta.get("dirty") == "1":
+        commit += " with uncommitted changes"
+    hv = f", {meta['hypervisor']} guest" if meta.get("hypervisor") else ""
+    out.extend(head(["run", ""]))
+    out.append(row(["command", f"`{meta.get('command', 'loadtest/bench')}` "
+                    f"({wall // 60} min {wall % 60} s)"]))
+    out.append(row(["commit", commit]))
+    out.append(row(["machine", f"{meta.get('cpu', '?')}, {meta.get('cpus', '?')} CPUs{hv}, "
+                    f"{meta.get('mem_gib', '?')} GiB; kernel {meta.get('kernel', '?')}; "
+                    f"{meta.get('os', '?')}"]))
+    out.append(row(["pilotlight", f"{meta.get('pilotlight', '?')}, `deploy/build.sh` (release, "
+                    f"LTO, profile-guided), {meta.get('cc', '?')}; libuv "
+                    f"{meta.get('libuv', '?')}, llhttp {meta.get('llhttp', '?')}; default "
+                    f"`delivery = {meta.get('default_delivery', '?')}`"]))
+    out.append(row(["references", f"Bun {meta.get('bun', '?')}, Node {meta.get('node', '?')}, "
+                    f"{meta.get('nginx', '?')} with Nchan {meta.get('nchan', '?')}, wrk "
+                    f"{meta.get('wrk', '?')}"]))
+    out.append(row(["tools", f"{meta.get('valgrind', '?')}, {meta.get('python', '?')}"]))
+    out.append("")
+
+
+def results(g, meta, out):
+    out.append("## Results\n")
+    sections = [
+        ("The machine", ["jitter"], "How often each pinned CPU is taken away: the floor under "
+         "every latency tail below."),
+        ("Match cycles", ["closed", "rate"], "A controller parks a poll, a dispatch for its key "
+         "hands it the run, it polls again at once."),
+        ("HTTP ceiling", ["ceiling"], None),
+    ]
+    for title, keys, text in sections:
+        if any(settings_of(g, TABLES[k][0], TABLES[k][1]) for k in keys):
+            out.append(f"### {title}\n")
+            if text:
+                out.append(text + "\n")
+            for k in keys:
+                table(g, k, out)
+    if modes_compared(g, meta.get("default_delivery")) or modes_rounds(g):
+        out.append("### `confirm` against `written`\n")
+        modes_compared_table(g, meta.get("default_delivery"), out)
+        modes_table(g, out)
+    if impaired_cells(g) or skipped(g, "impaired"):
+        out.append("### Dispatch latency at a distance\n")
+        out.append("Controllers one round trip away (RTT: as set on the wire, and as the "
+                   "kernel measured it over a handshake); latency from the dispatch sent to "
+                   "its answer read, over every answer; the last four columns count what "
+                   "would break the delivery promise.\n")
+        impaired_table(g, out)
+    for title, keys in (("Parked polls", ["idle"]), ("Churn", ["churn"]),
+                        ("Scale", ["scale99", "scale50"])):
+        if any(settings_of(g, TABLES[k][0], TABLES[k][1]) for k in keys):
+            out.append(f"### {title}\n")
+            for k in keys:
+                table(g, k, out)
+
+
+def method(meta, commands, out):
+    s = meta.get("settings", {})
+
+    def v(name, default="?"):
+        x = str(s.get(name, default))
+        return f"{int(x):,}" if x.isdigit() else x
+
+    rtts = v("IMPAIR_RTTS").split(",")
+    rtts = ", ".join(rtts[:-1]) + " and " + rtts[-1] if len(rtts) > 1 else rtts[0]
+    out.append("## Method\n")
+    out.append(
+        f"- **Build.** `deploy/build.sh build-bench`, as the README builds pilotlight: release, "
+        f"LTO, and a profile from pilotlight serving match cycles; pl-loadgen, pl-floor and "
+        f"pl-wire come from the same build (pl-floor without a profile), the Bun broker is "
+        f"compiled with `bun build --compile`.\n"
+        f"- **Pinning.** One system at a time, each server under `taskset -c 0`, the generator "
+        f"(`pl-loadgen`, or `wrk`) under `taskset -c 1`, a fresh port for every server.\n"
+        f"- **Runs.** cycle, idle, churn and scale run {meta.get('runs', '?')} times per system "
+        f"and setting (instructions and impaired: rounds, below); "
+        f"a cell is the median over the runs with min–max in brackets, and ratios are of "
+        f"medians. cycle and scale keep one server per system, after a warm-up run, and warm up "
+        f"1 s inside each run; idle and churn start a fresh server for each run.\n"
+        f"- **CPU and memory.** A server's CPU time is read over the measured window from "
+        f"`/proc/<pid>/task/*/schedstat` (all threads; `/proc/<pid>/stat` where that is "
+        f"missing), and divided by the cycles delivered; RSS from `/proc/<pid>/status`. For "
+        f"nginx, the one worker's.\n"
+        f"- **Reading the figures.** This machine's host takes its CPUs away now and then "
+        f"(*The machine*), and its cost per wake-up drifts by several per cent between runs "
+        f"minutes apart: tails (p99, max) land on those gaps, and differences of a few per cent "
+        f"in CPU time between separate runs are noise. p50, p90 and CPU per cycle are the steady "
+        f"figures; instruction counts, and `modes` (both delivery modes in the same seconds), "
+        f"decide small differences.\n")
+    out.append("Per scenario (`--scenarios`; `modes` only when asked for):\n")
+    out.append(
+        f"- **cycle**: {v('CONTROLLERS')} controllers long-poll `GET /warm-start` with the real "
+        f"`x-trigger-*` headers over {v('KEYS')} keys and poll again the moment a payload "
+        f"arrives; {v('DISPATCHERS')} dispatcher connections `POST` ~1.2 KB DequeuedMessages with "
+        f"unique run ids for random keys: closed loop, then {v('RATE')} dispatches/s offered "
+        f"(latency taken from when each dispatch was due, so a stalled server cannot hide its "
+        f"queue). {v('CYCLE_SECS')} s measured per run. Delivery latency: dispatch due → the "
+        f"controller has the payload with that run id. Nchan gets one channel per controller, "
+        f"so that a publish reaches one poll. The ceiling: `wrk -t1 -c50` against nginx "
+        f"`return 204`, CPU per request from `/proc/<pid>/stat`.\n"
+        f"- **idle**: {v('IDLE_SMALL')} and then {v('IDLE_LARGE')} polls parked on their own "
+        f"connections over 100 keys: RSS before, with them, and 2 s after they all close; bytes "
+        f"per parked poll = (with − before) ÷ polls; then `GET /healthz`.\n"
+        f"- **churn**: connect → poll → abort (FIN) cycles at {v('CHURN_RATE')}/s, 64 in flight, "
+        f"each with a new controller id, after {v('CHURN_WARMUP')} warm-up cycles: RSS warmed, peak (every "
+        f"20 ms) and at the end; for pilotlight the ledger from `/metrics` (`parked_now` 0, "
+        f"`parked_now + Σ settled == parked_total`). {v('CHURN_PL')} cycles for pilotlight, "
+        f"{v('CHURN_PEER')} for the others (half that for Node, whose accept loop is slow).\n"
+        f"- **scale**: dispatch latency at {v('SCALE_RATE')}/s with {v('SCALE_SMALL')} against "
+        f"{v('SCALE_LARGE')} polls parked on 25 keys, and with {v('SCALE_LARGE')} parked on one "
+        f"key against one key per poll while half the dispatches go to 100,000 never-parked "
+        f"keys; {v('SCALE_SECS')} s per point. Not for Nchan (many polls on one key is a "
+        f"broadcast there).\n"
+        f"- **instructions**: `loadtest/callgrind` runs its own release build (with `-g`, no "
+        f"profile) under `valgrind --tool=callgrind` with instrumentation off, warms it up with "
+        f"pl-loadgen's cycle (500 controllers, 50 dispatchers, 30 keys) at "
+        f"{v('CALLGRIND_RATE')} cycles/s, then counts {v('CALLGRIND_SECS')} s: the process's "
+        f"user-space instructions ÷ dispatches. Rounds: {v('CALLGRIND_RUNS')}, each mode once, "
+        f"which goes first alternating. Instructions do not move with the machine, so they judge the "
+        f"differences CPU time cannot.\n"
+        f"- **impaired**: the test suite's impaired-network harness (`tests/blackbox/impair.py`): "
+        f"pilotlight and the dispatcher in one network namespace, 48 controllers over 4 keys in "
+        f"another (half keep their connection after a run, half close it; each works "
+        f"0.5–1.5 s, then polls again), joined by `pl-wire` with half the RTT each way and a "
+        f"jitter of RTT/40. Per round, RTT ({rtts} ms) and mode, a fresh pilotlight "
+        f"and {v('IMPAIR_DISPATCHES')} runs dispatched open loop at {v('IMPAIR_RATE')}/s; "
+        f"rounds: {v('IMPAIR_RUNS')}. Not pinned: the wire's delay, not the CPU, sets these "
+        f"figures. The target's allowance for the peer's delayed ACK is Linux's: at least "
+        f"40 ms, at most 200 ms, and the path's RTT in between.\n"
+        f"- **modes**: two pilotlights share CPU 0, each under its own pl-loadgen on CPU 1, in "
+        f"opposite delivery modes; every {v('MODE_SECS')} s, for {v('MODE_SLICES')} slices, "
+        f"`loadtest/bench_modes.py` rewrites both configs and sends SIGHUP, swapping the roles "
+        f"(A B B A …). Settings: closed loop, {v('RATE')}/s each, and {v('RATE')}/s each with "
+        f"controllers that run {v('MODE_HOLD')} ms before they poll again (so their ACKs come "
+        f"alone, as in production). A round's ratio is the geometric mean over pairs of "
+        f"neighbouring slices, which cancels the two servers' own difference.\n")
+    if commands:
+        out.append("The commands, as run (`PORT`, `PID`: each server's; `RESULTS`: the run's "
+                   "results directory, where nginx's configurations are "
+                   "`loadtest/peers/*.conf.in` with the port filled in):\n")
+        out.append("```")
+        out.append("# the servers, on CPU 0")
+        out.extend(c["cmd"] for c in commands if c["scenario"] == "server")
+        shown = None
+        for c in commands:
+            if c["scenario"] == "server" or c["system"] not in ("pilotlight", "nginx-204",
+                                                                   "machine"):
+                continue
+            if c["scenario"] != shown:
+                shown = c["scenario"]
+                out.append(f"# {shown}")
+            out.append(c["cmd"])
+        out.append("```\n")
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("results")
-    ap.add_argument("--versions")
-    ap.add_argument("--command", default="loadtest/bench")
-    ap.add_argument("--wall", type=int, default=0)
+    ap.add_argument("--meta")
+    ap.add_argument("--commands")
     a = ap.parse_args()
     recs = []
     with open(a.results) as f:
@@ -375,25 +665,26 @@ def main():
             ln = ln.strip()
             if ln.startswith("{"):
                 recs.append(json.loads(ln))
+    meta = {}
+    if a.meta:
+        with open(a.meta) as f:
+            meta = json.load(f)
+    commands = []
+    if a.commands:
+        with open(a.commands) as f:
+            commands = [json.loads(ln) for ln in f if ln.startswith("{")]
     g = group(merge_slices(recs))
-    out = ["# Benchmarks: pilotlight and the reference brokers\n"]
-    out.append(f"Command: `{a.command}` (wall time {a.wall // 60} min {a.wall % 60} s). "
-               "Server pinned to CPU 0, generator (`pl-loadgen`, or `wrk` for the ceiling) "
-               "to CPU 1; cells are medians over the runs with min–max in brackets; "
-               "CPU figures are the server's run time (`/proc/<pid>/task/*/schedstat`, "
-               "`/proc/<pid>/stat` where that is missing) over the measured window; with "
-               "`--interleave` a cycle run is the sum of its slices.\n")
-    if a.versions:
-        with open(a.versions) as f:
-            out.append(f.read())
-    out.append("## Results\n")
-    for scenario, prefix, title, cols, headline in TABLES:
-        for setting in settings_of(g, scenario, prefix):
-            table(g, scenario, setting, title, cols, headline, out)
-    modes_table(g, out)
-    targets(g, out)
-    targets_floor(g, out)
-    print("\n".join(out))
+    out = []
+    header(meta, out)
+    rows = targets(g, meta)
+    if rows:
+        out.append("## Targets\n")
+        out.extend(head(["target", "measured", "verdict"]))
+        out.extend(row(list(r)) for r in rows)
+        out.append("")
+    results(g, meta, out)
+    method(meta, commands, out)
+    print("\n".join(out).rstrip("\n"))
 
 
 if __name__ == "__main__":
