@@ -9,8 +9,8 @@
 #include <utlist.h>
 
 #include "pilotlight/broker.h"
+#include "pilotlight/buf.h"
 #include "pilotlight/confirm.h"
-#include "pilotlight/lag.h"
 #include "pilotlight/log.h"
 #include "pilotlight/mem.h"
 #include "pilotlight/message.h"
@@ -19,7 +19,6 @@
 #include "pilotlight/token.h"
 
 #define METRICS_BUFFER_SIZE 32768
-#define LAG_PERIOD_MS 100 /* event-loop lag samples: ten a second */
 
 /* A dispatch read at most this long after it arrived: its sender cannot
  * have waited long enough to give up on it. A busy loop then asks the
@@ -44,7 +43,6 @@ struct pl_broker {
     pl_token_verifier *verifier; /* NULL when token_mode is disabled */
     uv_timer_t timer;            /* the engine's next park timeout */
     pl_metrics metrics;
-    pl_lag *lag;
     int draining, closing;
     size_t connect_len;
     char connect_body[96];
@@ -225,7 +223,6 @@ pl_broker *pl_broker_new(uv_loop_t *loop, const pl_config *cfg)
         return NULL;
     }
     uv_timer_init(loop, &b->timer);
-    b->lag = pl_lag_start(loop, &b->metrics.loop_lag, LAG_PERIOD_MS);
     return b;
 }
 
@@ -430,8 +427,8 @@ static void count_dispatch(pl_broker *b, pl_dispatch_result result, uint64_t wai
 {
     b->metrics.dispatch[result]++;
     if (result == PL_DISPATCH_HIT)
-        pl_metrics_observe(&b->metrics.wait_seconds, (double)waited_ms / 1e3);
-    pl_metrics_observe(&b->metrics.dispatch_seconds,
+        pl_histogram_observe(&b->metrics.wait_seconds, (double)waited_ms / 1e3);
+    pl_histogram_observe(&b->metrics.dispatch_seconds,
                        (double)(uv_hrtime() - start_ns) / 1e9);
 }
 
@@ -725,6 +722,11 @@ void pl_broker_each_parked(pl_broker *b,
     pl_engine_each_waiter(b->engine, parked_one, &ep);
 }
 
+pl_metrics *pl_broker_metrics(pl_broker *b)
+{
+    return &b->metrics;
+}
+
 const pl_config *pl_broker_config(const pl_broker *b)
 {
     return b->cfg;
@@ -795,7 +797,6 @@ void pl_broker_stop(pl_broker *b)
 {
     uv_close((uv_handle_t *)&b->timer, NULL);
     pl_confirm_stop(b->confirm);
-    pl_lag_stop(b->lag);
 }
 
 void pl_broker_free(pl_broker *b)
@@ -805,7 +806,6 @@ void pl_broker_free(pl_broker *b)
     pl_confirm_free(b->confirm);
     pl_engine_free(b->engine);
     pl_token_verifier_free(b->verifier);
-    pl_lag_free(b->lag);
     pl_free(b);
 }
 

@@ -4,9 +4,11 @@
 
 #include <utlist.h>
 
+#include "pilotlight/buf.h"
 #include "pilotlight/confirm.h"
 #include "pilotlight/invariant.h"
 #include "pilotlight/log.h"
+#include "pilotlight/mem.h"
 #include "pilotlight/pool.h"
 
 /* ---- the decision ---- */
@@ -409,7 +411,7 @@ static void acked(pl_confirm *cf, rec *r, pl_confirm_method how)
 {
     if (how == PL_CONFIRM_BY_ACK_EVENT) {
         uint64_t ns = uv_hrtime() - r->sent_ns;
-        pl_metrics_observe(&cf->m->confirm_ack_seconds, (double)ns / 1e9);
+        pl_histogram_observe(&cf->m->confirm_ack_seconds, (double)ns / 1e9);
         learn(cf, ns);
     }
     /* A riding connection whose ACK had to be looked for stopped polling

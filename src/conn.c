@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "transport.h"
+#include "pilotlight/buf.h"
 #include "pilotlight/invariant.h"
 #include "pilotlight/log.h"
 #include "pilotlight/pool.h"

@@ -3,6 +3,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "pilotlight/buf.h"
 #include "pilotlight/h1.h"
 #include "pilotlight/mem.h"
 

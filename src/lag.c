@@ -37,7 +37,7 @@ static void on_expired(uv_poll_t *p, int status, int events)
         return; /* EAGAIN: woken for nothing */
     now = now_ns();
     for (uint64_t i = 0; i < n; i++, l->next_ns += l->period_ns)
-        pl_metrics_observe(l->h, now > l->next_ns ? (double)(now - l->next_ns) / 1e9 : 0);
+        pl_histogram_observe(l->h, now > l->next_ns ? (double)(now - l->next_ns) / 1e9 : 0);
 }
 
 pl_lag *pl_lag_start(uv_loop_t *loop, pl_histogram *h, unsigned period_ms)

@@ -56,17 +56,6 @@ void pl_metrics_init(pl_metrics *m)
     m->loop_lag.nbounds = sizeof(lag_bounds) / sizeof(double);
 }
 
-void pl_metrics_observe(pl_histogram *h, double seconds)
-{
-    size_t i = 0;
-
-    while (i < h->nbounds && seconds > h->bounds[i])
-        i++;
-    h->counts[i]++; /* i == nbounds: only in +Inf */
-    h->count++;
-    h->sum += seconds;
-}
-
 typedef struct {
     char *buf;
     size_t cap, len;

@@ -14,13 +14,17 @@
 #include "pilotlight/broker.h"
 #include "pilotlight/handover.h"
 #include "pilotlight/http.h"
+#include "pilotlight/lag.h"
 #include "pilotlight/log.h"
 #include "pilotlight/mem.h"
+#include "pilotlight/notify.h"
 #include "pilotlight/pool.h"
 #include "pilotlight/reclaim.h"
 #include "pilotlight/server.h"
 #include "pilotlight/upgrade.h"
 #include "pilotlight/uvmem.h"
+
+#define LAG_PERIOD_MS 100 /* event-loop lag samples: ten a second */
 
 enum { SERVING = 0, DELAYING, DRAINING, DONE };
 
@@ -30,6 +34,7 @@ typedef struct {
     int argc;           /* what the configuration was loaded from, for reload */
     char **argv, **envp;
     pl_broker *broker;
+    pl_lag *lag;            /* the event loop's lag, into the broker's metrics */
     pl_http *http;          /* controllers (and dispatch, unless split) */
     pl_http *dispatch_http; /* dispatch_listen, or NULL */
     int draining_https;     /* listeners not yet drained */
@@ -53,6 +58,7 @@ static void on_drained(void *arg)
     if (s->dispatch_http)
         pl_http_stop(s->dispatch_http);
     pl_broker_stop(s->broker);
+    pl_lag_stop(s->lag);
     pl_reclaim_stop();
     uv_close((uv_handle_t *)&s->sigterm, NULL);
     uv_close((uv_handle_t *)&s->sigint, NULL);
@@ -414,6 +420,7 @@ static int start(server *s)
         PL_LOG(PL_LOG_ERROR, "out of memory at start", NULL);
         return -1;
     }
+    s->lag = pl_lag_start(&s->loop, &pl_broker_metrics(s->broker)->loop_lag, LAG_PERIOD_MS);
     s->serves[0] = split ? PL_SERVE_CONTROLLERS : PL_SERVE_CONTROLLERS | PL_SERVE_DISPATCH;
     s->serves[1] = PL_SERVE_DISPATCH;
     s->http = new_http(s, s->serves[0]);
@@ -439,7 +446,7 @@ static int start(server *s)
         if (listen_on(s, s->http, &cfg->listen, s->serves[0]) != 0 ||
             (split && listen_on(s, s->dispatch_http, &cfg->dispatch_listen, s->serves[1]) != 0))
             return -1;
-        pl_handover_notify("READY=1");
+        pl_notify("READY=1");
     }
     PL_LOG(PL_LOG_DEBUG, "sizes", "\"connection_bytes\":%zu,\"waiter_bytes\":%zu",
            pl_conn_size(), pl_engine_waiter_size(0));
@@ -479,6 +486,7 @@ int pl_server_run(pl_config *cfg, int argc, char **argv, char **envp)
     pl_http_free(s.http);
     pl_http_free(s.dispatch_http);
     pl_broker_free(s.broker);
+    pl_lag_free(s.lag);
     /* Pooled objects are out of the leak checkers' sight: one still handed
      * out now is a leak, and fails the run as valgrind would. */
     if (pl_pool_in_use_total() != 0) {

@@ -11,7 +11,7 @@
 #include <uv.h>
 
 #include "pilotlight/http.h"
-#include "pilotlight/mem.h"
+#include "pilotlight/buf.h"
 
 #define container_of(ptr, type, member) \
     ((type *)(void *)((char *)(ptr) - offsetof(type, member)))

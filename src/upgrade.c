@@ -12,6 +12,7 @@
 #include "pilotlight/handover.h"
 #include "pilotlight/log.h"
 #include "pilotlight/mem.h"
+#include "pilotlight/notify.h"
 #include "pilotlight/upgrade.h"
 
 /* The old side is a small state machine on the loop: it never blocks, so
@@ -587,7 +588,7 @@ int pl_upgrade_adopt(int fd, pl_broker *broker, pl_http *const https[2],
         return -1;
     }
     snprintf(state, sizeof(state), "MAINPID=%d\nREADY=1", (int)getpid());
-    pl_handover_notify(state);
+    pl_notify(state);
     PL_LOG(PL_LOG_INFO, "upgrade: adopted",
            "\"pid\":%d,\"listeners\":%zu,\"parked\":%zu,\"idle\":%zu", (int)getpid(),
            a.listeners, a.parked, a.idle);

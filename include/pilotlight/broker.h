@@ -59,6 +59,9 @@ void pl_broker_each_parked(pl_broker *b,
                            void (*fn)(pl_conn *c, const pl_waiter_info *info, void *arg),
                            void *arg);
 
+/* The broker's counters, for what the server feeds them (the loop's lag). */
+pl_metrics *pl_broker_metrics(pl_broker *b);
+
 /* The configuration the broker serves. */
 const pl_config *pl_broker_config(const pl_broker *b);
 

@@ -7,9 +7,6 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "pilotlight/engine.h"
-#include "pilotlight/log.h"
-
 #define PL_CONFIG_HOST_MAX 256
 #define PL_CONFIG_STRING_MAX 512
 /* The configuration file: at most this many bytes, each line at most

@@ -9,7 +9,7 @@
 
 #include <llhttp.h>
 
-#include "pilotlight/mem.h"
+#include "pilotlight/buf.h"
 
 /* Request headers the application reads; all others are skipped unread. */
 typedef enum {

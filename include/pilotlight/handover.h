@@ -1,7 +1,7 @@
 /* handover.h -- the binary upgrade's state hand-over: the wire format that
  * carries listening sockets, parked polls and idle connections from an old
  * process to a new one over a Unix SOCK_SEQPACKET socket (descriptors as
- * SCM_RIGHTS), and the supervisor notification (sd_notify) that follows.
+ * SCM_RIGHTS).
  *
  * One message = a 12-byte header (magic "PLHO", version, record count, body
  * length, all little-endian) and at most PL_HANDOVER_BATCH records, each a
@@ -71,10 +71,5 @@ int pl_handover_send(int sock, const pl_handover_rec *recs, size_t n);
  * or -errno (-EPROTO when malformed); on error every descriptor received is
  * closed. */
 int pl_handover_recv(int sock, pl_handover_rec *recs, char *buf);
-
-/* Sends <state> (e.g. "READY=1") to the service manager when NOTIFY_SOCKET
- * names one (systemd's sd_notify protocol, written here: one datagram).
- * Returns 0, or -1 when there is none or it failed. */
-int pl_handover_notify(const char *state);
 
 #endif

@@ -11,7 +11,7 @@
 
 #include <uv.h>
 
-#include "pilotlight/metrics.h"
+#include "pilotlight/histogram.h"
 
 typedef struct pl_lag pl_lag;
 

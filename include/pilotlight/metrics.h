@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "pilotlight/engine.h"
+#include "pilotlight/histogram.h"
 #include "pilotlight/proc.h"
 
 typedef enum {
@@ -69,16 +70,6 @@ typedef enum {
     PL_UPGRADE__COUNT
 } pl_upgrade_result;
 
-#define PL_HISTOGRAM_MAX_BUCKETS 16
-
-typedef struct {
-    const double *bounds; /* upper bounds in seconds, ascending */
-    size_t nbounds;
-    uint64_t counts[PL_HISTOGRAM_MAX_BUCKETS]; /* per bucket, not cumulative */
-    uint64_t count;
-    double sum;
-} pl_histogram;
-
 typedef struct {
     uint64_t http[PL_ROUTE__COUNT][5]; /* by status class 1xx..5xx */
     uint64_t dispatch[PL_DISPATCH__COUNT];
@@ -104,8 +95,6 @@ typedef struct {
 } pl_metrics;
 
 void pl_metrics_init(pl_metrics *m);
-
-void pl_metrics_observe(pl_histogram *h, double seconds);
 
 static inline void pl_metrics_count_http(pl_metrics *m, pl_route route, int status)
 {

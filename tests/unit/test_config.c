@@ -7,6 +7,8 @@
 #include <sys/stat.h>
 
 #include "pilotlight/config.h"
+#include "pilotlight/engine.h"
+#include "pilotlight/log.h"
 #include "unit.h"
 
 static int load(pl_config *cfg, int argc, char **argv, char **envp,

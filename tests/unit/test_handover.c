@@ -145,21 +145,11 @@ static void test_descriptors_cross_a_socketpair(void)
     close(pipefd[1]);
 }
 
-static void test_notify_without_a_manager(void)
-{
-    unsetenv("NOTIFY_SOCKET");
-    CHECK_EQ(pl_handover_notify("READY=1"), -1);
-    setenv("NOTIFY_SOCKET", "relative/path", 1);
-    CHECK_EQ(pl_handover_notify("READY=1"), -1);
-    unsetenv("NOTIFY_SOCKET");
-}
-
 int main(void)
 {
     RUN(test_round_trip);
     RUN(test_bounds);
     RUN(test_hostile_messages_are_refused);
     RUN(test_descriptors_cross_a_socketpair);
-    RUN(test_notify_without_a_manager);
     return unit_finish();
 }

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "pilotlight/buf.h"
 #include "pilotlight/mem.h"
 #include "pilotlight/pool.h"
 #include "unit.h"
