@@ -4,8 +4,7 @@
 #include <strings.h>
 #include <time.h>
 
-#include <llhttp.h>
-#include <openssl/crypto.h>
+#include <cJSON.h>
 #include <utlist.h>
 
 #include "pilotlight/broker.h"
@@ -25,19 +24,11 @@
  * kernel nothing about its dispatchers; a quiet or stalled one does. */
 #define STALE_MS 50
 
-static const char json_type[] = "application/json";
-
-/* One listener's view of the broker: the <app> of its pl_http. */
-typedef struct {
-    pl_broker *b;
-    unsigned serves; /* PL_SERVE_* */
-} side;
-
 struct pl_broker {
     uv_loop_t *loop;
     const pl_config *cfg;
     const pl_http *https[2];
-    side sides[2];
+    pl_broker_view views[2];
     pl_engine *engine;
     pl_confirm *confirm;         /* the deliveries awaiting their ACK */
     pl_token_verifier *verifier; /* NULL when token_mode is disabled */
@@ -49,22 +40,9 @@ struct pl_broker {
     char metrics_buf[METRICS_BUFFER_SIZE];
 };
 
-static void reply_error(pl_conn *c, int status, const char *msg)
-{
-    char body[256];
-    int n = snprintf(body, sizeof(body), "{\"error\":\"%s\"}", msg);
-
-    pl_conn_respond(c, status, json_type, NULL, body, (size_t)n);
-}
-
-static void reply_json(pl_conn *c, int status, const char *body)
-{
-    pl_conn_respond(c, status, json_type, NULL, body, strlen(body));
-}
-
 static pl_broker *conn_broker(const pl_conn *c)
 {
-    return ((side *)pl_conn_app(c))->b;
+    return ((pl_broker_view *)pl_conn_app(c))->broker;
 }
 
 /* A parked poll's connection closing: its poll ends as a disconnect. */
@@ -89,7 +67,7 @@ static int on_settle(void *owner, pl_outcome outcome, const void *arg)
     case PL_OUTCOME_MATCHED:
         if (b->cfg->delivery == PL_DELIVERY_CONFIRM && pl_confirm_busy(b->confirm))
             pl_conn_skip_ack_report(c);
-        if (pl_conn_respond(c, 200, json_type, NULL, m->payload, m->payload_len) != 0)
+        if (pl_conn_respond(c, 200, "application/json", NULL, m->payload, m->payload_len) != 0)
             return -1;
         return b->cfg->delivery == PL_DELIVERY_CONFIRM ? PL_SETTLE_PENDING : 0;
     case PL_OUTCOME_TIMEOUT:
@@ -103,10 +81,10 @@ static int on_settle(void *owner, pl_outcome outcome, const void *arg)
             pl_conn_close(c);
             return -1;
         }
-        reply_error(c, 409, "replaced by a newer poll from the same controller");
+        pl_conn_respond_error(c, 409, "replaced by a newer poll from the same controller");
         break;
     case PL_OUTCOME_REJECTED:
-        reply_error(c, 503, arg);
+        pl_conn_respond_error(c, 503, arg);
         break;
     case PL_OUTCOME_SHUTDOWN:
         pl_conn_close(c); /* no answer: the controller re-polls elsewhere */
@@ -119,7 +97,7 @@ static int on_settle(void *owner, pl_outcome outcome, const void *arg)
          * with no verdict to be had here (arg NULL), closed unanswered, so
          * that its controller polls again and is judged then. */
         if (arg != NULL)
-            reply_error(c, 401, arg);
+            pl_conn_respond_error(c, 401, arg);
         else
             pl_conn_close(c);
         break;
@@ -331,13 +309,13 @@ void pl_broker_count_upgrade(pl_broker *b, pl_upgrade_result result)
         b->metrics.upgrades[result]++;
 }
 
-void *pl_broker_side(pl_broker *b, unsigned serves)
+pl_broker_view *pl_broker_view_of(pl_broker *b, unsigned serves)
 {
-    side *sd = &b->sides[serves == PL_SERVE_DISPATCH ? 1 : 0];
+    pl_broker_view *v = &b->views[serves == PL_SERVE_DISPATCH ? 1 : 0];
 
-    sd->b = b;
-    sd->serves = serves;
-    return sd;
+    v->broker = b;
+    v->serves = serves;
+    return v;
 }
 
 void pl_broker_attach(pl_broker *b, const pl_http *h)
@@ -380,7 +358,7 @@ static unsigned trust_of(int token, const pl_token_claims *claims, const pl_key 
     return key->deployment == req->header[PL_HDR_DEPLOYMENT_ID] ? TRUST_BARE : TRUST_UNKNOWN;
 }
 
-static void handle_park(pl_broker *b, pl_conn *c, const pl_request *req)
+void pl_broker_park(pl_broker *b, pl_conn *c, const pl_request *req)
 {
     pl_token_claims claims;
     char msg[96];
@@ -396,7 +374,7 @@ static void handle_park(pl_broker *b, pl_conn *c, const pl_request *req)
     if (token == PL_TOKEN_VALID)
         b->metrics.token_secret[claims.previous != 0]++;
     if (rc != 0) {
-        reply_error(c, rc, err);
+        pl_conn_respond_error(c, rc, err);
         return;
     }
     if (b->closing) {
@@ -407,9 +385,9 @@ static void handle_park(pl_broker *b, pl_conn *c, const pl_request *req)
                         req->header_len[PL_HDR_CONTROLLER_ID], c,
                         uv_now(b->loop), &w);
     if (rc == PL_ENOMEM) {
-        reply_error(c, 503, "out of memory");
+        pl_conn_respond_error(c, 503, "out of memory");
     } else if (rc == PL_EINVAL) {
-        reply_error(c, 400, "x-trigger-deployment-id or -version is empty or too long");
+        pl_conn_respond_error(c, 400, "x-trigger-deployment-id or -version is empty or too long");
     } else if (rc == 0) {
         pl_engine_set_tag(w, trust_of(token, &claims, &key, req));
         hold_waiter(b, c, w);
@@ -439,7 +417,7 @@ static void answer_dispatch(void *arg, pl_conn *c, pl_dispatch_result result,
     pl_broker *b = arg;
 
     if (c != NULL)
-        reply_json(c, 200, result == PL_DISPATCH_HIT ? "{\"didWarmStart\":true}"
+        pl_conn_respond_json(c, 200, result == PL_DISPATCH_HIT ? "{\"didWarmStart\":true}"
                                                      : "{\"didWarmStart\":false}");
     count_dispatch(b, result, waited_ms, start_ns);
 }
@@ -471,7 +449,7 @@ static int vet_poll(void *owner, void *arg)
     return PL_VET_OFFER;
 }
 
-static void handle_dispatch(pl_broker *b, pl_conn *c, const pl_request *req)
+void pl_broker_dispatch(pl_broker *b, pl_conn *c, const pl_request *req)
 {
     uint64_t start = uv_hrtime();
     dispatch_vet vet = {b, c, 0};
@@ -485,11 +463,11 @@ static void handle_dispatch(pl_broker *b, pl_conn *c, const pl_request *req)
     rc = pl_message_parse(req->body, req->body_len, &m, &err);
     if (rc == PL_MESSAGE_EINVAL) {
         b->metrics.dispatch[PL_DISPATCH_INVALID]++;
-        reply_error(c, 400, err);
+        pl_conn_respond_error(c, 400, err);
         return;
     }
     if (rc == PL_MESSAGE_ENOMEM) {
-        reply_error(c, 503, "out of memory");
+        pl_conn_respond_error(c, 503, "out of memory");
         return;
     }
     d.payload = &m;
@@ -502,201 +480,6 @@ static void handle_dispatch(pl_broker *b, pl_conn *c, const pl_request *req)
                                                           : PL_DISPATCH_MISS,
                         d.waited_ms, start);
     pl_message_release(&m);
-}
-
-/* ---- the rest ---- */
-
-static void handle_connect(pl_broker *b, pl_conn *c, const pl_request *req)
-{
-    (void)req;
-    pl_conn_respond(c, 200, json_type, NULL, b->connect_body, b->connect_len);
-}
-
-static void handle_healthz(pl_broker *b, pl_conn *c, const pl_request *req)
-{
-    (void)b, (void)req;
-    reply_json(c, 200, "{\"status\":\"ok\"}");
-}
-
-static void handle_readyz(pl_broker *b, pl_conn *c, const pl_request *req)
-{
-    (void)req;
-    if (b->draining)
-        reply_json(c, 503, "{\"status\":\"draining\"}");
-    else
-        reply_json(c, 200, "{\"status\":\"ready\"}");
-}
-
-static void handle_metrics(pl_broker *b, pl_conn *c, const pl_request *req)
-{
-    size_t len;
-
-    (void)req;
-    b->metrics.max_waiters = b->cfg->max_waiters;
-    b->metrics.max_waiters_per_key = b->cfg->max_waiters_per_key;
-    b->metrics.max_connections = b->cfg->max_connections;
-    b->metrics.connections_open = 0;
-    memset(b->metrics.refused, 0, sizeof(b->metrics.refused));
-    for (int i = 0; i < 2; i++) {
-        if (b->https[i] == NULL)
-            continue;
-        b->metrics.connections_open += pl_http_connections(b->https[i]);
-        for (unsigned r = 0; r < PL_HTTP_REFUSED__COUNT; r++)
-            b->metrics.refused[r] += pl_http_refused(b->https[i], r);
-    }
-    b->metrics.proc_ok = pl_proc_read(&b->metrics.proc) == 0;
-    len = pl_metrics_render(&b->metrics, pl_engine_ledger(b->engine),
-                            pl_engine_key_count(b->engine), b->metrics_buf,
-                            sizeof(b->metrics_buf));
-    if (len == 0)
-        reply_error(c, 500, "metrics do not fit their buffer");
-    else
-        pl_conn_respond(c, 200, "text/plain; version=0.0.4; charset=utf-8", NULL,
-                        b->metrics_buf, len);
-}
-
-#define DEBUG_KEYS_MAX 1000
-
-typedef struct {
-    pl_buf buf;
-    uint64_t now;
-    int first, failed;
-} json_out;
-
-static void out_put(json_out *o, const char *s, size_t n)
-{
-    if (!o->failed && pl_buf_append(&o->buf, s, n) != 0)
-        o->failed = 1;
-}
-
-static void out_key(const pl_key_info *info, void *arg)
-{
-    json_out *o = arg;
-    char dep[PL_KEY_FIELD_MAX * 6 + 1], ver[PL_KEY_FIELD_MAX * 6 + 1], line[256];
-    int n;
-
-    pl_log_escape(dep, sizeof(dep), info->key.deployment, info->key.deployment_len);
-    pl_log_escape(ver, sizeof(ver), info->key.version, info->key.version_len);
-    out_put(o, o->first ? "" : ",", o->first ? 0 : 1);
-    o->first = 0;
-    out_put(o, "{\"deployment\":\"", 15);
-    out_put(o, dep, strlen(dep));
-    out_put(o, "\",\"version\":\"", 13);
-    out_put(o, ver, strlen(ver));
-    n = snprintf(line, sizeof(line),
-                 "\",\"cpu\":%.17g,\"memory\":%.17g,\"parked\":%zu,\"oldest_wait_ms\":%llu}",
-                 info->key.cpu, info->key.memory, info->parked,
-                 (unsigned long long)(o->now - info->oldest_parked_at));
-    out_put(o, line, (size_t)n);
-}
-
-/* GET /debug/waiters: what is parked, per key; no payloads, at most
- * DEBUG_KEYS_MAX keys. */
-static void handle_debug_waiters(pl_broker *b, pl_conn *c, const pl_request *req)
-{
-    json_out o = {{NULL, 0, 0}, uv_now(b->loop), 1, 0};
-    size_t total;
-    char tail[128];
-    int n;
-
-    (void)req;
-    out_put(&o, "{\"keys\":[", 9);
-    total = pl_engine_each_key(b->engine, DEBUG_KEYS_MAX, out_key, &o);
-    n = snprintf(tail, sizeof(tail), "],\"total_keys\":%zu,\"parked\":%llu,\"truncated\":%s}",
-                 total, (unsigned long long)pl_engine_ledger(b->engine)->parked_now,
-                 total > DEBUG_KEYS_MAX ? "true" : "false");
-    out_put(&o, tail, (size_t)n);
-    if (o.failed)
-        reply_error(c, 503, "out of memory");
-    else
-        pl_conn_respond(c, 200, json_type, NULL, o.buf.data, o.buf.len);
-    pl_buf_free(&o.buf);
-}
-
-typedef void (*handler)(pl_broker *b, pl_conn *c, const pl_request *req);
-
-static const struct route {
-    const char *path;
-    int method;      /* HTTP_GET also takes HEAD */
-    pl_route tag;
-    unsigned serves; /* PL_SERVE_* */
-    int bearer;      /* needs dispatch_token when one is set */
-    handler fn;
-} routes[] = {
-    {"/warm-start", HTTP_GET, PL_ROUTE_PARK, PL_SERVE_CONTROLLERS, 0, handle_park},
-    {"/warm-start", HTTP_POST, PL_ROUTE_DISPATCH, PL_SERVE_DISPATCH, 1, handle_dispatch},
-    {"/connect", HTTP_GET, PL_ROUTE_CONNECT, PL_SERVE_CONTROLLERS, 0, handle_connect},
-    {"/healthz", HTTP_GET, PL_ROUTE_HEALTHZ, PL_SERVE_CONTROLLERS | PL_SERVE_DISPATCH, 0, handle_healthz},
-    {"/readyz", HTTP_GET, PL_ROUTE_READYZ, PL_SERVE_CONTROLLERS | PL_SERVE_DISPATCH, 0, handle_readyz},
-    {"/metrics", HTTP_GET, PL_ROUTE_METRICS, PL_SERVE_DISPATCH, 0, handle_metrics},
-    {"/debug/waiters", HTTP_GET, PL_ROUTE_DEBUG, PL_SERVE_DISPATCH, 1, handle_debug_waiters},
-};
-
-#define NROUTES (sizeof(routes) / sizeof(routes[0]))
-
-static int path_is(const pl_request *req, const char *path)
-{
-    size_t len = strlen(path);
-    return req->path_len == len && memcmp(req->path, path, len) == 0;
-}
-
-/* Compares "Bearer <token>" with dispatch_token in constant time. */
-static int bearer_ok(const pl_broker *b, const pl_request *req)
-{
-    const char *want = b->cfg->dispatch_token, *got = req->header[PL_HDR_AUTHORIZATION];
-    size_t wlen = strlen(want), glen = req->header_len[PL_HDR_AUTHORIZATION];
-
-    if (got == NULL || glen != wlen + 7 || strncasecmp(got, "Bearer ", 7) != 0)
-        return 0;
-    return CRYPTO_memcmp(got + 7, want, wlen) == 0;
-}
-
-static void reply_405(pl_conn *c, const pl_request *req)
-{
-    int post = 0;
-
-    for (size_t i = 0; i < NROUTES; i++)
-        if (path_is(req, routes[i].path) && routes[i].method == HTTP_POST)
-            post = 1;
-    pl_conn_respond(c, 405, json_type, post ? "Allow: GET, POST\r\n" : "Allow: GET, HEAD\r\n",
-                    "{\"error\":\"method not allowed\"}", 30);
-}
-
-void pl_broker_on_request(void *app, pl_conn *c, const pl_request *req)
-{
-    side *sd = app;
-    pl_broker *b = sd->b;
-    int method = req->method == HTTP_HEAD ? HTTP_GET : req->method, known = 0;
-
-    for (size_t i = 0; i < NROUTES; i++) {
-        const struct route *r = &routes[i];
-        if (!path_is(req, r->path))
-            continue;
-        known = 1;
-        if (r->method != method || (req->method == HTTP_HEAD && r->fn == handle_park))
-            continue;
-        pl_conn_set_tag(c, r->tag);
-        if (!(r->serves & sd->serves))
-            reply_error(c, 403, "not served on this listener");
-        else if (r->bearer && b->cfg->dispatch_token[0] != '\0' && !bearer_ok(b, req))
-            pl_conn_respond(c, 401, json_type, "WWW-Authenticate: Bearer\r\n",
-                            "{\"error\":\"missing or wrong bearer token\"}", 41);
-        else
-            r->fn(b, c, req);
-        return;
-    }
-    if (known)
-        reply_405(c, req);
-    else
-        reply_error(c, 404, "not found");
-}
-
-void pl_broker_on_response(void *app, unsigned tag, int status)
-{
-    pl_broker *b = ((side *)app)->b;
-
-    if (tag < PL_ROUTE__COUNT)
-        pl_metrics_count_http(&b->metrics, (pl_route)tag, status);
 }
 
 /* ---- a binary upgrade ---- */
@@ -727,6 +510,86 @@ pl_metrics *pl_broker_metrics(pl_broker *b)
     return &b->metrics;
 }
 
+const char *pl_broker_connect_body(const pl_broker *b, size_t *len)
+{
+    *len = b->connect_len;
+    return b->connect_body;
+}
+
+int pl_broker_draining(const pl_broker *b)
+{
+    return b->draining;
+}
+
+size_t pl_broker_metrics_text(pl_broker *b, const char **text)
+{
+    b->metrics.max_waiters = b->cfg->max_waiters;
+    b->metrics.max_waiters_per_key = b->cfg->max_waiters_per_key;
+    b->metrics.max_connections = b->cfg->max_connections;
+    b->metrics.connections_open = 0;
+    memset(b->metrics.refused, 0, sizeof(b->metrics.refused));
+    for (int i = 0; i < 2; i++) {
+        if (b->https[i] == NULL)
+            continue;
+        b->metrics.connections_open += pl_http_connections(b->https[i]);
+        for (unsigned r = 0; r < PL_HTTP_REFUSED__COUNT; r++)
+            b->metrics.refused[r] += pl_http_refused(b->https[i], r);
+    }
+    b->metrics.proc_ok = pl_proc_read(&b->metrics.proc) == 0;
+    *text = b->metrics_buf;
+    return pl_metrics_render(&b->metrics, pl_engine_ledger(b->engine),
+                             pl_engine_key_count(b->engine), b->metrics_buf,
+                             sizeof(b->metrics_buf));
+}
+
+typedef struct {
+    cJSON *keys;
+    uint64_t now;
+    int failed;
+} waiters_out;
+
+static void waiters_key(const pl_key_info *info, void *arg)
+{
+    waiters_out *o = arg;
+    char dep[PL_KEY_FIELD_MAX + 1], ver[PL_KEY_FIELD_MAX + 1];
+    cJSON *k = cJSON_CreateObject();
+
+    /* Key strings hold no NUL (a header cannot, a body's is refused). */
+    memcpy(dep, info->key.deployment, info->key.deployment_len);
+    dep[info->key.deployment_len] = '\0';
+    memcpy(ver, info->key.version, info->key.version_len);
+    ver[info->key.version_len] = '\0';
+    if (k == NULL || !cJSON_AddItemToArray(o->keys, k) ||
+        cJSON_AddStringToObject(k, "deployment", dep) == NULL ||
+        cJSON_AddStringToObject(k, "version", ver) == NULL ||
+        cJSON_AddNumberToObject(k, "cpu", info->key.cpu) == NULL ||
+        cJSON_AddNumberToObject(k, "memory", info->key.memory) == NULL ||
+        cJSON_AddNumberToObject(k, "parked", (double)info->parked) == NULL ||
+        cJSON_AddNumberToObject(k, "oldest_wait_ms",
+                                (double)(o->now - info->oldest_parked_at)) == NULL)
+        o->failed = 1;
+}
+
+char *pl_broker_waiters_json(const pl_broker *b, size_t max)
+{
+    waiters_out o = {NULL, uv_now(b->loop), 0};
+    cJSON *root = cJSON_CreateObject();
+    size_t total = 0;
+    char *text = NULL;
+
+    if (root != NULL && (o.keys = cJSON_AddArrayToObject(root, "keys")) != NULL) {
+        total = pl_engine_each_key(b->engine, max, waiters_key, &o);
+        if (!o.failed &&
+            cJSON_AddNumberToObject(root, "total_keys", (double)total) != NULL &&
+            cJSON_AddNumberToObject(root, "parked",
+                                    (double)pl_engine_ledger(b->engine)->parked_now) != NULL &&
+            cJSON_AddBoolToObject(root, "truncated", total > max) != NULL)
+            text = cJSON_PrintUnformatted(root);
+    }
+    cJSON_Delete(root);
+    return text;
+}
+
 const pl_config *pl_broker_config(const pl_broker *b)
 {
     return b->cfg;
@@ -734,7 +597,7 @@ const pl_config *pl_broker_config(const pl_broker *b)
 
 unsigned pl_broker_conn_serves(const pl_conn *c)
 {
-    return ((const side *)pl_conn_app(c))->serves;
+    return ((const pl_broker_view *)pl_conn_app(c))->serves;
 }
 
 void pl_broker_hold(pl_broker *b, pl_waiter *w, int on)

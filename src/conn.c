@@ -252,14 +252,25 @@ int pl_conn_respond(pl_conn *c, int status, const char *content_type,
     return 0;
 }
 
-void pl__conn_refuse(pl_conn *c, int status, const char *msg)
+int pl_conn_respond_json(pl_conn *c, int status, const char *json)
 {
-    char body[160];
+    return pl_conn_respond(c, status, "application/json", NULL, json, strlen(json));
+}
+
+int pl_conn_respond_error(pl_conn *c, int status, const char *msg)
+{
+    char body[256];
     int n = snprintf(body, sizeof(body), "{\"error\":\"%s\"}", msg);
 
+    return pl_conn_respond(c, status, "application/json", NULL, body,
+                           n < (int)sizeof(body) ? (size_t)n : sizeof(body) - 1);
+}
+
+void pl__conn_refuse(pl_conn *c, int status, const char *msg)
+{
     c->keep_alive = 0;
     c->tag = 0;
-    pl_conn_respond(c, status, "application/json", NULL, body, (size_t)n);
+    pl_conn_respond_error(c, status, msg);
 }
 
 /* ---- the request path ---- */

@@ -20,6 +20,7 @@
 #include "pilotlight/notify.h"
 #include "pilotlight/pool.h"
 #include "pilotlight/reclaim.h"
+#include "pilotlight/routes.h"
 #include "pilotlight/server.h"
 #include "pilotlight/upgrade.h"
 #include "pilotlight/uvmem.h"
@@ -359,10 +360,10 @@ static pl_http *new_http(server *s, unsigned serves)
 {
     pl_http_limits limits = http_limits(s->cfg);
     pl_http_callbacks cb = {
-        .on_request = pl_broker_on_request,
-        .on_response = pl_broker_on_response,
+        .on_request = pl_routes_on_request,
+        .on_response = pl_routes_on_response,
     };
-    pl_http *h = pl_http_new(&s->loop, &limits, &cb, pl_broker_side(s->broker, serves));
+    pl_http *h = pl_http_new(&s->loop, &limits, &cb, pl_broker_view_of(s->broker, serves));
 
     if (h == NULL) {
         PL_LOG(PL_LOG_ERROR, "out of memory at start", NULL);

@@ -25,15 +25,34 @@ enum { PL_SERVE_CONTROLLERS = 1, PL_SERVE_DISPATCH = 2 };
 /* "controllers", "dispatch" or "all", for the log. */
 const char *pl_broker_serves_name(unsigned serves);
 
-/* Returns the <app> pointer for a pl_http whose listener serves <serves>. */
-void *pl_broker_side(pl_broker *b, unsigned serves);
+/* One listener's view of the broker: the <app> of its pl_http. */
+typedef struct {
+    pl_broker *broker;
+    unsigned serves; /* PL_SERVE_* */
+} pl_broker_view;
+
+/* Returns the view for a pl_http whose listener serves <serves>. */
+pl_broker_view *pl_broker_view_of(pl_broker *b, unsigned serves);
 
 /* Lets /metrics count the connections of <h> (up to two listeners). */
 void pl_broker_attach(pl_broker *b, const pl_http *h);
 
-/* pl_http callbacks; <app> is a pl_broker_side() pointer. */
-void pl_broker_on_request(void *b, pl_conn *c, const pl_request *req);
-void pl_broker_on_response(void *b, unsigned tag, int status);
+/* GET /warm-start: parks a controller's poll (or answers why not). */
+void pl_broker_park(pl_broker *b, pl_conn *c, const pl_request *req);
+
+/* POST /warm-start: hands the run to a parked poll of its key, and answers
+ * didWarmStart (delivery = confirm: once it is known). */
+void pl_broker_dispatch(pl_broker *b, pl_conn *c, const pl_request *req);
+
+/* What the small endpoints serve: /connect's body (<len> bytes), whether
+ * the server drains (/readyz), /metrics as text (its length, 0 when it
+ * did not fit; *text valid until the next call), and /debug/waiters as
+ * JSON for at most <max> keys (freed with cJSON_free; NULL when out of
+ * memory). */
+const char *pl_broker_connect_body(const pl_broker *b, size_t *len);
+int pl_broker_draining(const pl_broker *b);
+size_t pl_broker_metrics_text(pl_broker *b, const char **text);
+char *pl_broker_waiters_json(const pl_broker *b, size_t max);
 
 /* Takes up <next> (a live reload): caps, order and park timeout, token
  * mode and secrets (a new verifier, so a dropped secret's cached tokens go

@@ -112,6 +112,12 @@ uint64_t pl_http_refused(const pl_http *h, unsigned reason);
 int pl_conn_respond(pl_conn *c, int status, const char *content_type,
                     const char *extra_headers, const char *body, size_t len);
 
+/* pl_conn_respond() with a JSON <json> body (a NUL-terminated string), or
+ * with {"error":"<msg>"} (<msg> a short string of the server's own, no
+ * quote or backslash in it). */
+int pl_conn_respond_json(pl_conn *c, int status, const char *json);
+int pl_conn_respond_error(pl_conn *c, int status, const char *msg);
+
 /* Closes <c> without a response. */
 void pl_conn_close(pl_conn *c);
 

@@ -1,0 +1,152 @@
+/* routes.c -- which handler answers a request (path, method, listener,
+ * bearer token), and the small endpoints. */
+#include <string.h>
+#include <strings.h>
+
+#include <cJSON.h>
+#include <llhttp.h>
+#include <openssl/crypto.h>
+
+#include "pilotlight/broker.h"
+#include "pilotlight/routes.h"
+
+/* /debug/waiters lists at most this many keys. */
+#define DEBUG_KEYS_MAX 1000
+
+static void handle_connect(pl_broker *b, pl_conn *c, const pl_request *req)
+{
+    size_t len;
+    const char *body = pl_broker_connect_body(b, &len);
+
+    (void)req;
+    pl_conn_respond(c, 200, "application/json", NULL, body, len);
+}
+
+static void handle_healthz(pl_broker *b, pl_conn *c, const pl_request *req)
+{
+    (void)b, (void)req;
+    pl_conn_respond_json(c, 200, "{\"status\":\"ok\"}");
+}
+
+static void handle_readyz(pl_broker *b, pl_conn *c, const pl_request *req)
+{
+    (void)req;
+    if (pl_broker_draining(b))
+        pl_conn_respond_json(c, 503, "{\"status\":\"draining\"}");
+    else
+        pl_conn_respond_json(c, 200, "{\"status\":\"ready\"}");
+}
+
+static void handle_metrics(pl_broker *b, pl_conn *c, const pl_request *req)
+{
+    const char *text;
+    size_t len = pl_broker_metrics_text(b, &text);
+
+    (void)req;
+    if (len == 0)
+        pl_conn_respond_error(c, 500, "metrics do not fit their buffer");
+    else
+        pl_conn_respond(c, 200, "text/plain; version=0.0.4; charset=utf-8", NULL, text, len);
+}
+
+/* GET /debug/waiters: what is parked, per key; no payloads. */
+static void handle_debug_waiters(pl_broker *b, pl_conn *c, const pl_request *req)
+{
+    char *text = pl_broker_waiters_json(b, DEBUG_KEYS_MAX);
+
+    (void)req;
+    if (text == NULL)
+        pl_conn_respond_error(c, 503, "out of memory");
+    else
+        pl_conn_respond_json(c, 200, text);
+    cJSON_free(text); /* NULL is fine */
+}
+
+typedef void (*handler)(pl_broker *b, pl_conn *c, const pl_request *req);
+
+static const struct route {
+    const char *path;
+    int method;      /* HTTP_GET also takes HEAD */
+    pl_route tag;
+    unsigned serves; /* PL_SERVE_* */
+    int bearer;      /* needs dispatch_token when one is set */
+    handler fn;
+} routes[] = {
+    {"/warm-start", HTTP_GET, PL_ROUTE_PARK, PL_SERVE_CONTROLLERS, 0, pl_broker_park},
+    {"/warm-start", HTTP_POST, PL_ROUTE_DISPATCH, PL_SERVE_DISPATCH, 1, pl_broker_dispatch},
+    {"/connect", HTTP_GET, PL_ROUTE_CONNECT, PL_SERVE_CONTROLLERS, 0, handle_connect},
+    {"/healthz", HTTP_GET, PL_ROUTE_HEALTHZ, PL_SERVE_CONTROLLERS | PL_SERVE_DISPATCH, 0,
+     handle_healthz},
+    {"/readyz", HTTP_GET, PL_ROUTE_READYZ, PL_SERVE_CONTROLLERS | PL_SERVE_DISPATCH, 0,
+     handle_readyz},
+    {"/metrics", HTTP_GET, PL_ROUTE_METRICS, PL_SERVE_DISPATCH, 0, handle_metrics},
+    {"/debug/waiters", HTTP_GET, PL_ROUTE_DEBUG, PL_SERVE_DISPATCH, 1, handle_debug_waiters},
+};
+
+#define NROUTES (sizeof(routes) / sizeof(routes[0]))
+
+static int path_is(const pl_request *req, const char *path)
+{
+    size_t len = strlen(path);
+    return req->path_len == len && memcmp(req->path, path, len) == 0;
+}
+
+/* Compares "Bearer <token>" with dispatch_token in constant time. */
+static int bearer_ok(const pl_config *cfg, const pl_request *req)
+{
+    const char *want = cfg->dispatch_token, *got = req->header[PL_HDR_AUTHORIZATION];
+    size_t wlen = strlen(want), glen = req->header_len[PL_HDR_AUTHORIZATION];
+
+    if (got == NULL || glen != wlen + 7 || strncasecmp(got, "Bearer ", 7) != 0)
+        return 0;
+    return CRYPTO_memcmp(got + 7, want, wlen) == 0;
+}
+
+static void reply_405(pl_conn *c, const pl_request *req)
+{
+    int post = 0;
+
+    for (size_t i = 0; i < NROUTES; i++)
+        if (path_is(req, routes[i].path) && routes[i].method == HTTP_POST)
+            post = 1;
+    pl_conn_respond(c, 405, "application/json",
+                    post ? "Allow: GET, POST\r\n" : "Allow: GET, HEAD\r\n",
+                    "{\"error\":\"method not allowed\"}", 30);
+}
+
+void pl_routes_on_request(void *app, pl_conn *c, const pl_request *req)
+{
+    const pl_broker_view *v = app;
+    const pl_config *cfg = pl_broker_config(v->broker);
+    int method = req->method == HTTP_HEAD ? HTTP_GET : req->method, known = 0;
+
+    for (size_t i = 0; i < NROUTES; i++) {
+        const struct route *r = &routes[i];
+        if (!path_is(req, r->path))
+            continue;
+        known = 1;
+        if (r->method != method || (req->method == HTTP_HEAD && r->fn == pl_broker_park))
+            continue;
+        pl_conn_set_tag(c, r->tag);
+        if (!(r->serves & v->serves))
+            pl_conn_respond_error(c, 403, "not served on this listener");
+        else if (r->bearer && cfg->dispatch_token[0] != '\0' && !bearer_ok(cfg, req))
+            pl_conn_respond(c, 401, "application/json", "WWW-Authenticate: Bearer\r\n",
+                            "{\"error\":\"missing or wrong bearer token\"}", 41);
+        else
+            r->fn(v->broker, c, req);
+        return;
+    }
+    if (known)
+        reply_405(c, req);
+    else
+        pl_conn_respond_error(c, 404, "not found");
+}
+
+void pl_routes_on_response(void *app, unsigned tag, int status)
+{
+    const pl_broker_view *v = app;
+
+    if (tag < PL_ROUTE__COUNT)
+        pl_metrics_count_http(pl_broker_metrics(v->broker), (pl_route)tag, status);
+}
