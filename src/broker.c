@@ -1,4 +1,4 @@
-/* broker.c -- the endpoints of PROTOCOL.md, on top of the engine. */
+/* broker.c -- the endpoints of docs/protocol.md, on top of the engine. */
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
@@ -59,6 +59,7 @@ static int on_settle(void *owner, pl_outcome outcome, const void *arg)
     pl_conn *c = owner;
     const pl_message *m = arg;
     pl_broker *b = conn_broker(c);
+    int rc;
 
     /* The waiter leaves the connection first, so a failing write that
      * closes it finds nothing to settle again. */
@@ -67,8 +68,9 @@ static int on_settle(void *owner, pl_outcome outcome, const void *arg)
     case PL_OUTCOME_MATCHED:
         if (b->cfg->delivery == PL_DELIVERY_CONFIRM && pl_confirm_busy(b->confirm))
             pl_conn_skip_ack_report(c);
-        if (pl_conn_respond(c, 200, "application/json", NULL, m->payload, m->payload_len) != 0)
-            return -1;
+        if ((rc = pl_conn_respond(c, 200, "application/json", NULL, m->payload,
+                                  m->payload_len)) != 0)
+            return rc;
         return b->cfg->delivery == PL_DELIVERY_CONFIRM ? PL_SETTLE_PENDING : 0;
     case PL_OUTCOME_TIMEOUT:
         pl_conn_respond(c, 204, NULL, NULL, NULL, 0);
@@ -79,7 +81,7 @@ static int on_settle(void *owner, pl_outcome outcome, const void *arg)
          * replaced, and a 409 would go nowhere. */
         if (pl_conn_peer_gone(c)) {
             pl_conn_close(c);
-            return -1;
+            return -EPIPE;
         }
         pl_conn_respond_error(c, 409, "replaced by a newer poll from the same controller");
         break;
@@ -154,7 +156,7 @@ static int make_verifier(const pl_config *cfg, pl_token_verifier **out)
         pl_token_verifier_free(*out);
         *out = NULL;
     }
-    return *out != NULL ? 0 : -1;
+    return *out != NULL ? 0 : -ENOMEM;
 }
 
 static void set_connect_body(pl_broker *b, const pl_config *cfg)
@@ -280,10 +282,11 @@ int pl_broker_reconfigure(pl_broker *b, const pl_config *next)
     pl_engine_opts opts = engine_opts(next);
     pl_confirm_opts copts = confirm_opts(next);
     pl_token_verifier *v;
+    int rc;
 
-    if (make_verifier(next, &v) != 0) {
+    if ((rc = make_verifier(next, &v)) != 0) {
         b->metrics.reloads[1]++;
-        return -1;
+        return rc;
     }
     /* A fresh verifier also forgets tokens cached under a dropped secret. */
     pl_token_verifier_free(b->verifier);
@@ -369,12 +372,12 @@ void pl_broker_park(pl_broker *b, pl_conn *c, const pl_request *req)
 
     rc = pl_poll_key(req, b->verifier, b->cfg->token_mode == PL_TOKEN_MODE_ENFORCE,
                      wall_seconds(), &key, &claims, &token, &err, msg, sizeof(msg));
-    if (token >= 0)
+    if (token != PL_TOKEN_UNCHECKED)
         b->metrics.token[token]++;
     if (token == PL_TOKEN_VALID)
         b->metrics.token_secret[claims.previous != 0]++;
     if (rc != 0) {
-        pl_conn_respond_error(c, rc, err);
+        pl_conn_respond_error(c, rc == -EACCES ? 401 : 400, err);
         return;
     }
     if (b->closing) {

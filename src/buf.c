@@ -1,4 +1,5 @@
 /* buf.c -- growable byte buffers, their bytes in the pools. */
+#include <errno.h>
 #include <string.h>
 
 #include "pilotlight/buf.h"
@@ -23,7 +24,7 @@ static int buf_grow(pl_buf *b, size_t want)
             pl_pool_free(b->data, b->cap);
     }
     if (p == NULL)
-        return -1;
+        return -ENOMEM;
     b->data = p;
     b->cap = (uint32_t)cap;
     return 0;
@@ -32,7 +33,7 @@ static int buf_grow(pl_buf *b, size_t want)
 int pl_buf_append(pl_buf *b, const void *data, size_t n)
 {
     if (n > UINT32_MAX - b->len)
-        return -1;
+        return -ENOMEM;
     if (b->len + n > b->cap) {
         size_t cap = b->cap ? b->cap : 256;
         while (cap < b->len + n)
@@ -40,7 +41,7 @@ int pl_buf_append(pl_buf *b, const void *data, size_t n)
         if (cap > UINT32_MAX)
             cap = UINT32_MAX;
         if (buf_grow(b, cap) != 0)
-            return -1;
+            return -ENOMEM;
     }
     memcpy(b->data + b->len, data, n);
     b->len += (uint32_t)n;
@@ -50,7 +51,7 @@ int pl_buf_append(pl_buf *b, const void *data, size_t n)
 int pl_buf_reserve(pl_buf *b, size_t n)
 {
     if (n > UINT32_MAX)
-        return -1;
+        return -ENOMEM;
     return n <= b->cap ? 0 : buf_grow(b, n);
 }
 

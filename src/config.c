@@ -155,7 +155,7 @@ static int parse_listen(pl_listen_addr *out, const char *v)
     int bracketed = 0;
 
     if (colon == NULL || colon[1] == '\0')
-        return -1;
+        return -EINVAL;
     hlen = (size_t)(colon - v);
     if (hlen >= 2 && v[0] == '[' && v[hlen - 1] == ']') {
         v++; /* [::1]:8080 */
@@ -163,16 +163,16 @@ static int parse_listen(pl_listen_addr *out, const char *v)
         bracketed = 1;
     }
     if (hlen == 0 || hlen >= sizeof(host))
-        return -1;
+        return -EINVAL;
     memcpy(host, v, hlen);
     host[hlen] = '\0';
     if (inet_pton(AF_INET, host, addr) != 1 && inet_pton(AF_INET6, host, addr) != 1 &&
         (bracketed || !is_host_name(host)))
-        return -1;
+        return -EINVAL;
     errno = 0;
     port = strtoul(colon + 1, &end, 10);
     if (*end != '\0' || errno != 0 || port > 65535 || !isdigit((unsigned char)colon[1]))
-        return -1;
+        return -EINVAL;
     memcpy(out->host, host, hlen + 1);
     out->port = (uint16_t)port;
     return 0;
@@ -194,12 +194,12 @@ static int apply(pl_config *cfg, const setting *s, const char *v, char *err,
             return 0;
         snprintf(err, errlen, "%s: '%s' is not HOST:PORT (HOST: an IPv4 address, "
                  "[IPv6] or a host name)", s->name, v);
-        return -1;
+        return -EINVAL;
     case T_STRING:
     case T_SECRET:
         if (strlen(v) >= PL_CONFIG_STRING_MAX) {
             snprintf(err, errlen, "%s: longer than %d bytes", s->name, PL_CONFIG_STRING_MAX - 1);
-            return -1;
+            return -EINVAL;
         }
         memcpy(base, v, strlen(v) + 1);
         return 0;
@@ -213,7 +213,7 @@ static int apply(pl_config *cfg, const setting *s, const char *v, char *err,
         n = (unsigned long long)snprintf(err, errlen, "%s: '%s' is not one of", s->name, v);
         for (int i = 0; s->choices[i] && n < errlen; i++)
             n += (unsigned long long)snprintf(err + n, errlen - n, " %s", s->choices[i]);
-        return -1;
+        return -EINVAL;
     case T_U64:
         errno = 0;
         n = strtoull(v, &end, 10);
@@ -221,12 +221,12 @@ static int apply(pl_config *cfg, const setting *s, const char *v, char *err,
             n < s->min || n > s->max) {
             snprintf(err, errlen, "%s: '%s' is not a whole number from %llu to %llu",
                      s->name, v, (unsigned long long)s->min, (unsigned long long)s->max);
-            return -1;
+            return -EINVAL;
         }
         memcpy(base, &(uint64_t){n}, sizeof(uint64_t));
         return 0;
     }
-    return -1;
+    return -EINVAL;
 }
 
 int pl_config_set(pl_config *cfg, const char *name, const char *value,
@@ -236,7 +236,7 @@ int pl_config_set(pl_config *cfg, const char *name, const char *value,
 
     if (s == NULL) {
         snprintf(err, errlen, "unknown setting '%s'", name);
-        return -1;
+        return -EINVAL;
     }
     return apply(cfg, s, value, err, errlen);
 }
@@ -261,8 +261,9 @@ static const char *file_kind(mode_t mode)
 }
 
 /* Reads the file <path> whole into *out (pl_malloc'd, NUL-terminated; free
- * with pl_free) and returns its length, or -1 with a message naming <what>
- * and <path> in <err>. Only a regular file is read, a symlink followed to
+ * with pl_free) and returns its length, or a negative errno with a message naming
+ * <what> and <path> in <err> (-EINVAL: not a regular file; -EFBIG: too
+ * long). Only a regular file is read, a symlink followed to
  * one (a Kubernetes ConfigMap's files are symlinks); anything else is
  * refused without waiting for it: opened non-blocking, a FIFO with no
  * writer cannot hold the open, and it is refused before any read. More
@@ -275,21 +276,26 @@ static long read_file(const char *what, const char *path, size_t limit, char **o
     char *buf = NULL, *grown;
     size_t len = 0, cap;
     ssize_t n;
+    int rc;
 
     *out = NULL;
     if (fd < 0) {
-        snprintf(err, errlen, "%s %s: %s", what, path, strerror(errno));
-        return -1;
+        rc = -errno;
+        snprintf(err, errlen, "%s %s: %s", what, path, strerror(-rc));
+        return rc;
     }
     if (fstat(fd, &st) != 0) {
-        snprintf(err, errlen, "%s %s: %s", what, path, strerror(errno));
+        rc = -errno;
+        snprintf(err, errlen, "%s %s: %s", what, path, strerror(-rc));
         goto fail;
     }
+    rc = -EINVAL;
     if (!S_ISREG(st.st_mode)) {
         snprintf(err, errlen, "%s %s: %s, not a regular file", what, path,
                  file_kind(st.st_mode));
         goto fail;
     }
+    rc = -EFBIG;
     if ((uint64_t)st.st_size > limit) {
         snprintf(err, errlen, "%s %s: more than %zu bytes", what, path, limit);
         goto fail;
@@ -315,7 +321,8 @@ static long read_file(const char *what, const char *path, size_t limit, char **o
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0) {
-            snprintf(err, errlen, "%s %s: %s", what, path, strerror(errno));
+            rc = -errno;
+            snprintf(err, errlen, "%s %s: %s", what, path, strerror(-rc));
             goto fail;
         }
         if (n == 0)
@@ -331,11 +338,12 @@ static long read_file(const char *what, const char *path, size_t limit, char **o
     *out = buf;
     return (long)len;
 oom:
+    rc = -ENOMEM;
     snprintf(err, errlen, "%s %s: out of memory", what, path);
 fail:
     close(fd);
     pl_free(buf);
-    return -1;
+    return rc;
 }
 
 /* Sets what the lines of <text> (<len> bytes, NUL after them; changed in
@@ -355,11 +363,11 @@ static int parse_text(pl_config *cfg, const char *path, char *text, size_t len,
         if (n - (n > 0 && line[n - 1] == '\r') > PL_CONFIG_LINE_MAX) { /* CRLF: the CR aside */
             snprintf(err, errlen, "%s:%d: line longer than %d bytes", path, lineno,
                      PL_CONFIG_LINE_MAX);
-            return -1;
+            return -EINVAL;
         }
         if (memchr(line, '\0', n) != NULL) {
             snprintf(err, errlen, "%s:%d: a NUL byte", path, lineno);
-            return -1;
+            return -EINVAL;
         }
         line[n] = '\0';
         if ((hash = strchr(line, '#')) != NULL)
@@ -370,12 +378,12 @@ static int parse_text(pl_config *cfg, const char *path, char *text, size_t len,
         eq = strchr(s, '=');
         if (eq == NULL) {
             snprintf(err, errlen, "%s:%d: expected 'name = value'", path, lineno);
-            return -1;
+            return -EINVAL;
         }
         *eq = '\0';
         if (pl_config_set(cfg, trim(s), trim(eq + 1), msg, sizeof(msg)) != 0) {
             snprintf(err, errlen, "%s:%d: %s", path, lineno, msg);
-            return -1;
+            return -EINVAL;
         }
     }
     return 0;
@@ -388,7 +396,7 @@ static int load_file(pl_config *cfg, const char *path, char *err, size_t errlen)
     int rc;
 
     if (len < 0)
-        return -1;
+        return (int)len;
     rc = parse_text(cfg, path, text, (size_t)len, err, errlen);
     pl_free(text);
     return rc;
@@ -465,15 +473,15 @@ static int load_flags(pl_config *cfg, int argc, char **argv,
         } else if ((s = flag_setting(arg, &v)) != NULL) {
             if (v == NULL && i + 1 >= argc) {
                 snprintf(err, errlen, "%s needs a value", arg);
-                return -1;
+                return -EINVAL;
             }
             if (apply(cfg, s, v ? v : argv[++i], err, errlen) != 0)
-                return -1;
+                return -EINVAL;
         } else {
             /* the name only: a mistyped --token-secret=... must not echo */
             snprintf(err, errlen, "unknown option '%.*s' (see --help)",
                      (int)strcspn(arg, "="), arg);
-            return -1;
+            return -EINVAL;
         }
     }
     return 0;
@@ -488,7 +496,7 @@ static int read_secret(const char *name, const char *path, char *secret,
     long n = read_file(name, path, PL_CONFIG_STRING_MAX + 1, &buf, err, errlen);
 
     if (n < 0)
-        return -1;
+        return (int)n;
     if (n > 0 && buf[n - 1] == '\n')
         n--;
     if (n > 0 && buf[n - 1] == '\r')
@@ -499,7 +507,7 @@ static int read_secret(const char *name, const char *path, char *secret,
                                                         : "%s %s: holds a NUL byte",
                  name, path, PL_CONFIG_STRING_MAX - 1);
         pl_free(buf);
-        return -1;
+        return -EINVAL;
     }
     memcpy(secret, buf, (size_t)n);
     secret[n] = '\0';
@@ -508,8 +516,8 @@ static int read_secret(const char *name, const char *path, char *secret,
 }
 
 /* Settings each valid alone that together cannot work: every one of these
- * would quietly end warm starts (PROTOCOL.md, "Details that decide what a
- * broker may do"). Returns 0, or -1 with the reason in <err>. */
+ * would quietly end warm starts (docs/protocol.md). Returns 0, or -EINVAL
+ * with the reason in <err>. */
 static int refuse_senseless(const pl_config *c, char *err, size_t errlen)
 {
     const unsigned long long park = c->park_timeout_ms, conn = c->connection_timeout_ms;
@@ -531,12 +539,12 @@ static int refuse_senseless(const pl_config *c, char *err, size_t errlen)
                  (unsigned long long)c->max_header_bytes, POLL_HEADERS_MIN);
     else if (c->max_body_bytes < DISPATCH_BODY_MIN)
         snprintf(err, errlen, "max_body_bytes = %llu is below %d: a dispatch carries the "
-                 "run's whole DequeuedMessage (PROTOCOL.md's example is 1,254 bytes), so "
+                 "run's whole DequeuedMessage (a small run's is about 1,250 bytes), so "
                  "every one would be refused 413 and its run cold-started",
                  (unsigned long long)c->max_body_bytes, DISPATCH_BODY_MIN);
     else
         return 0;
-    return -1;
+    return -EINVAL;
 }
 
 int pl_config_load(pl_config *cfg, int argc, char **argv, char **envp,
@@ -544,40 +552,41 @@ int pl_config_load(pl_config *cfg, int argc, char **argv, char **envp,
 {
     const char *path = config_path(argc, argv, envp);
     char msg[512];
+    int rc;
 
     memset(cfg, 0, sizeof(*cfg));
     *action = PL_CONFIG_RUN;
     for (size_t i = 0; i < NSETTINGS; i++)
         if (apply(cfg, &settings[i], settings[i].def, err, errlen) != 0)
-            return -1;
-    if (path != NULL && load_file(cfg, path, err, errlen) != 0)
-        return -1;
+            return -EINVAL;
+    if (path != NULL && (rc = load_file(cfg, path, err, errlen)) != 0)
+        return rc;
     for (int i = 0; envp && envp[i]; i++) {
         const char *v;
         const setting *s = env_setting(envp[i], &v);
         if (s != NULL && apply(cfg, s, v, msg, sizeof(msg)) != 0) {
             snprintf(err, errlen, "environment %.*s", (int)(strchr(envp[i], '=') - envp[i]), envp[i]);
             snprintf(err + strlen(err), errlen - strlen(err), ": %s", msg);
-            return -1;
+            return -EINVAL;
         }
     }
     if (load_flags(cfg, argc, argv, action, err, errlen) != 0)
-        return -1;
+        return -EINVAL;
     if (cfg->token_secret_file[0] != '\0' &&
-        read_secret("token_secret_file", cfg->token_secret_file, cfg->token_secret,
-                    err, errlen) != 0)
-        return -1;
+        (rc = read_secret("token_secret_file", cfg->token_secret_file, cfg->token_secret,
+                          err, errlen)) != 0)
+        return rc;
     if (cfg->token_secret_previous_file[0] != '\0' &&
-        read_secret("token_secret_previous_file", cfg->token_secret_previous_file,
-                    cfg->token_secret_previous, err, errlen) != 0)
-        return -1;
+        (rc = read_secret("token_secret_previous_file", cfg->token_secret_previous_file,
+                          cfg->token_secret_previous, err, errlen)) != 0)
+        return rc;
     if (cfg->token_mode != PL_TOKEN_MODE_DISABLED && cfg->token_secret[0] == '\0') {
         snprintf(err, errlen, "token_mode: %s needs token_secret or token_secret_file",
                  token_mode_names[cfg->token_mode]);
-        return -1;
+        return -EINVAL;
     }
     if (refuse_senseless(cfg, err, errlen) != 0)
-        return -1;
+        return -EINVAL;
     if (cfg->park_timeout_ms == 0)
         cfg->park_timeout_ms = cfg->connection_timeout_ms + 5000;
     return 0;

@@ -1,5 +1,6 @@
 /* confirm.c -- delivery = confirm: a run written to a controller, until that
  * controller's TCP stack has acknowledged it or cannot have it. */
+#include <errno.h>
 #include <string.h>
 
 #include <utlist.h>
@@ -260,9 +261,9 @@ static void sweep(pl_confirm *cf)
     for (r = cf->fresh; r != NULL && r->turn != cf->turns; r = after) {
         int state = pl_conn_acknowledged(r->controller);
         after = r->fnext;
-        if (state == 1) {
+        if (state == 0) {
             acked(cf, r, PL_CONFIRM_BY_NEXT_TURN);
-        } else if (state < 0 || now - r->written >= SWEEP_WINDOW_MS) {
+        } else if (state != -EAGAIN || now - r->written >= SWEEP_WINDOW_MS) {
             fresh_leave(cf, r);
             r->how = HOW_POLL;
             r->swept = 1;
@@ -505,13 +506,13 @@ static void mark_overdue(pl_confirm *cf, rec *r)
 }
 
 /* What the kernel knows of the attempt in hand, as facts for the decision.
- * Returns -1 when it cannot be asked. */
+ * Returns 0, or a negative errno when it cannot be asked. */
 static int gather(const rec *r, uint64_t now, pl_confirm_facts *f, pl_tcp_facts *t)
 {
-    int end = pl_conn_ended(r->controller);
+    int end = pl_conn_ended(r->controller), rc;
 
-    if (pl_conn_tcp_info(r->controller, t) != 0)
-        return -1;
+    if ((rc = pl_conn_tcp_info(r->controller, t)) != 0)
+        return rc;
     memset(f, 0, sizeof(*f));
     f->acked = t->unacked == 0;
     f->unsent = t->unsent > 0;
@@ -638,11 +639,11 @@ static void look(pl_confirm *cf, rec *r, uint64_t now, int final)
         return;
     }
     state = pl_conn_acknowledged(r->controller);
-    if (state == 1) {
+    if (state == 0) {
         acked(cf, r, look_method(r));
         return;
     }
-    if (state < 0) {
+    if (state != -EAGAIN) {
         decide(cf, r, now, 0);
         return;
     }
@@ -665,7 +666,7 @@ static void controller_event(void *obj, pl_conn *c, int ev)
         /* A request carries the ACK of what its sender had read: one sent
          * after reading the run (a client that waits for each answer) says
          * it was taken; one sent before (pipelined) does not, and waits. */
-        if (pl_conn_acknowledged(r->controller) == 1)
+        if (pl_conn_acknowledged(r->controller) == 0)
             acked(cf, r, PL_CONFIRM_BY_NEXT_REQUEST);
     } else if (ev == PL_CONN_EV_END) {
         look(cf, r, uv_now(cf->loop), 0);

@@ -55,8 +55,8 @@ static void on_write(uv_write_t *req, int status)
         pl__conn_close(c);
 }
 
-/* Writes <bufs>, copying what the socket cannot take now. Returns 0, or -1
- * when the connection failed (it is then closing). */
+/* Writes <bufs>, copying what the socket cannot take now. Returns 0, or a
+ * negative errno when the connection failed (it is then closing). */
 static int conn_write(pl_conn *c, const uv_buf_t *bufs, unsigned n)
 {
     size_t total = 0, skip, rest;
@@ -66,7 +66,7 @@ static int conn_write(pl_conn *c, const uv_buf_t *bufs, unsigned n)
     int r;
 
     if (c->closing)
-        return -1;
+        return -EPIPE;
     for (unsigned i = 0; i < n; i++)
         total += bufs[i].len;
     c->out_bytes += (uint32_t)total;
@@ -82,7 +82,7 @@ static int conn_write(pl_conn *c, const uv_buf_t *bufs, unsigned n)
         r = 0;
     if (r < 0) {
         pl__conn_close(c);
-        return -1;
+        return r;
     }
     if ((size_t)r == total)
         return 0;
@@ -95,12 +95,12 @@ static int conn_write(pl_conn *c, const uv_buf_t *bufs, unsigned n)
          * drop it, as if it had gone. */
         PL_LOG(PL_LOG_DEBUG, "client not reading: connection dropped", NULL);
         pl_conn_abort(c);
-        return -1;
+        return -ENOBUFS;
     }
     w = pl_pool_alloc(sizeof(*w) + rest, NULL);
     if (w == NULL) {
         pl__conn_close(c);
-        return -1;
+        return -ENOMEM;
     }
     w->size = sizeof(*w) + rest;
     p = w->data;
@@ -111,10 +111,10 @@ static int conn_write(pl_conn *c, const uv_buf_t *bufs, unsigned n)
         skip -= off;
     }
     b = uv_buf_init(w->data, (unsigned)rest);
-    if (uv_write(&w->req, (uv_stream_t *)&c->tcp, &b, 1, on_write) != 0) {
+    if ((r = uv_write(&w->req, (uv_stream_t *)&c->tcp, &b, 1, on_write)) != 0) {
         pl_pool_free(w, w->size);
         pl__conn_close(c);
-        return -1;
+        return r;
     }
     return 0;
 }
@@ -210,11 +210,12 @@ int pl_conn_respond(pl_conn *c, int status, const char *content_type,
      * bounded by the caller (PL_CONN_EXTRA_MAX) */
     char head[256 + PL_CONN_EXTRA_MAX], *p = head;
     uv_buf_t bufs[2];
+    int rc;
     /* A half-closed peer's pipelined requests are still answered. */
     int keep = c->keep_alive && !h->draining && !(c->peer_eof && c->in.len == 0);
 
     if (c->closing || c->finishing)
-        return -1;
+        return -EPIPE;
     PL_ASSERT(extra_headers == NULL || strlen(extra_headers) <= PL_CONN_EXTRA_MAX);
     put(&p, "HTTP/1.1 ");
     put_uint(&p, (size_t)status);
@@ -239,8 +240,8 @@ int pl_conn_respond(pl_conn *c, int status, const char *content_type,
     bufs[0] = uv_buf_init(head, (unsigned)(p - head));
     bufs[1] = uv_buf_init((char *)body, (unsigned)len);
     c->pending = 0;
-    if (conn_write(c, bufs, len > 0 && !c->head ? 2 : 1) != 0)
-        return -1;
+    if ((rc = conn_write(c, bufs, len > 0 && !c->head ? 2 : 1)) != 0)
+        return rc;
     if (h->cb.on_response)
         h->cb.on_response(h->app, c->tag, status);
     if (!keep)
@@ -291,7 +292,7 @@ static int on_headers(void *owner, int send_continue)
     uv_buf_t b = uv_buf_init((char *)cont, sizeof(cont) - 1);
 
     if (send_continue && conn_write(c, &b, 1) != 0)
-        return -1;
+        return -EPIPE;
     pl__list_add(c, TL_REQUEST); /* a fresh deadline for the body */
     return 0;
 }
@@ -299,12 +300,12 @@ static int on_headers(void *owner, int send_continue)
 static const pl_h1_events h1_events = {on_begin, on_headers};
 
 /* "A request": a parser from the request pool, for the bytes to come.
- * Returns 0, or -1 when out of memory. */
+ * Returns 0, or -ENOMEM. */
 static int request_begin(pl_conn *c)
 {
     c->h1 = pl_pool_get(&request_pool);
     if (c->h1 == NULL)
-        return -1;
+        return -ENOMEM;
     pl_h1_init(c->h1, &pl__conn_http(c)->h1_limits, &h1_events, c);
     return 0;
 }
@@ -419,21 +420,22 @@ static void held_end(pl_conn *c, ssize_t nread)
 
 /* Bytes for a held <c>: its owner is told they came (and may let it go:
  * then they are read as they are), else they are kept, bounded, for when
- * it is let go. Returns 1 when <c> was let go and holds nothing older, 0
- * when the bytes were kept, -1 when the connection was closed. */
+ * it is let go. Returns 0 when <c> was let go and holds nothing older (the
+ * caller reads them), -EAGAIN when the bytes were kept, -EPIPE when the
+ * connection was closed. */
 static int held_data(pl_conn *c, const char *data, size_t len)
 {
     pl__conn_event(c, PL_CONN_EV_DATA);
     if (c->closing)
-        return -1;
+        return -EPIPE;
     if (!c->held && c->in.len == 0)
-        return 1;
+        return 0;
     if (c->in.len + len > pl__conn_http(c)->limits.max_header_bytes ||
         pl_buf_append(&c->in, data, len) != 0) {
         pl__conn_close(c);
-        return -1;
+        return -EPIPE;
     }
-    return 0;
+    return -EAGAIN;
 }
 
 /* An end or an error read on <c>. */
@@ -450,9 +452,9 @@ static void on_read_end(pl_conn *c, ssize_t nread)
      * queued behind the reset: it still says every byte was taken. */
     for (int i = 0; i < 4 && c->acks == ACKS_ON && c->ack_waiting; i++) {
         int rc = pl__conn_take_ack_report(c, 0);
-        if (rc == 1)
+        if (rc == 0)
             pl__conn_event(c, PL_CONN_EV_ACKED);
-        if (rc < 0)
+        else if (rc != -ENOMSG)
             break;
     }
     if (c->held && !c->closing) {
@@ -484,18 +486,18 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
      * carries that ACK, so its report is queued already: take it first,
      * saving the extra wakeup. */
     if ((nread == 0 || (c->acks == ACKS_ON && c->ack_waiting)) &&
-        pl__conn_take_ack_report(c, nread > 0) == 1)
+        pl__conn_take_ack_report(c, nread > 0) == 0)
         pl__conn_event(c, PL_CONN_EV_ACKED);
     if (nread == 0 || c->finishing || c->closing)
         return; /* lingering: drop what arrives */
     if (c->held) {
         int rc = held_data(c, buf->base, (size_t)nread);
-        if (rc < 0 || c->held)
+        if (rc == -EPIPE || c->held)
             return;
         /* let go while told (its request carried the ACK): read it now
          * rather than on the next turn */
         pl__list_remove(c);
-        if (rc == 0) {
+        if (rc == -EAGAIN) {
             pl__conn_resume(c);
             return;
         }
@@ -619,7 +621,7 @@ void *pl_conn_app(const pl_conn *c)
 int pl_conn_take_request(pl_conn *c, pl_buf *out)
 {
     if (c->h1 == NULL || !c->pending)
-        return -1;
+        return -ENOENT;
     return pl_h1_take_arena(c->h1, out);
 }
 

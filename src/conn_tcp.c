@@ -35,27 +35,29 @@ int pl__conn_write_reported(pl_conn *c, const uv_buf_t *bufs, unsigned n)
 /* Takes one report off <c>'s error queue. One per call: a queue holding
  * more keeps EPOLLERR raised and is taken on the next turns, never spinning
  * in place. <with_request>: the report came with bytes of a request.
- * Returns 1 when it says the peer acknowledged up to ack_want, 0 when not,
- * -1 when the queue was empty. */
+ * Returns 0 when it says the peer acknowledged up to ack_want, -ENOMSG when
+ * it does not, -EAGAIN when the queue was empty (or another negative errno). */
 int pl__conn_take_ack_report(pl_conn *c, int with_request)
 {
     uint32_t offset;
     int fd = pl__conn_fd(c), rc;
 
-    if (fd < 0 || (rc = pl_tcp_take_ack_report(fd, &offset)) < 0)
-        return -1;
+    if (fd < 0)
+        return -EBADF;
+    if ((rc = pl_tcp_take_ack_report(fd, &offset)) != 0)
+        return rc;
     /* Offsets wrap at 2^32; a report at or past the wanted one covers it. */
-    if (rc == 1 && c->ack_waiting && (int32_t)(offset - c->ack_want) >= 0) {
+    if (c->ack_waiting && (int32_t)(offset - c->ack_want) >= 0) {
         c->ack_waiting = 0;
         c->acks_ride = with_request != 0;
-        return 1;
+        return 0;
     }
-    return 0;
+    return -ENOMSG;
 }
 
 int pl_conn_watch_acks(pl_conn *c, int on)
 {
-    int fd = pl__conn_fd(c);
+    int fd = pl__conn_fd(c), rc;
 
     if (!on) {
         c->acks_ride = 1;
@@ -64,8 +66,10 @@ int pl_conn_watch_acks(pl_conn *c, int on)
     if (c->acks != ACKS_OFF)
         return 0;
     c->acks = ACKS_REFUSED;
-    if (c->closing || fd < 0 || pl_tcp_watch_acks(fd) != 0)
-        return -1;
+    if (c->closing || fd < 0)
+        return -EBADF;
+    if ((rc = pl_tcp_watch_acks(fd)) != 0)
+        return rc;
     c->acks = ACKS_ON;
     /* Bytes still in libuv's queue reach the kernel after this point. */
     c->ack_origin = c->out_bytes -
@@ -104,22 +108,27 @@ int pl_conn_acknowledged(const pl_conn *c)
 {
     /* Not c->closing: on_close asks this while the descriptor is open. The
      * count alone: a reset keeps what was unacknowledged counted. */
-    int fd = pl__conn_fd(c), n;
+    int fd = pl__conn_fd(c), n, rc;
 
     if (fd < 0)
-        return -1;
+        return -EBADF;
     if (uv_stream_get_write_queue_size((const uv_stream_t *)&c->tcp) > 0)
-        return 0;
-    return pl_tcp_queued(fd, 0, &n) != 0 ? -1 : n == 0;
+        return -EAGAIN;
+    if ((rc = pl_tcp_queued(fd, 0, &n)) != 0)
+        return rc;
+    return n == 0 ? 0 : -EAGAIN;
 }
 
 int pl_conn_tcp_info(const pl_conn *c, pl_tcp_facts *t)
 {
     int fd = pl__conn_fd(c);
     uint32_t queued;
+    int rc;
 
-    if (fd < 0 || pl_tcp_facts_read(fd, t) != 0)
-        return -1;
+    if (fd < 0)
+        return -EBADF;
+    if ((rc = pl_tcp_facts_read(fd, t)) != 0)
+        return rc;
     /* libuv's own queue is bytes not yet sent too */
     queued = (uint32_t)uv_stream_get_write_queue_size((const uv_stream_t *)&c->tcp);
     t->unacked += queued;

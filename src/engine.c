@@ -533,7 +533,7 @@ int pl_engine_next_deadline(const pl_engine *e, uint64_t *deadline)
     while (e->held > 0 && w != NULL && held(w))
         w = w->hh.next;
     if (e->opts.park_timeout_ms == 0 || w == NULL)
-        return -1;
+        return -ENOENT;
     *deadline = parked_at(w) + e->opts.park_timeout_ms;
     return 0;
 }

@@ -1,4 +1,5 @@
 /* h1.c -- parsing one HTTP/1.x request at a time, within limits. */
+#include <errno.h>
 #include <stddef.h>
 #include <string.h>
 #include <strings.h>
@@ -35,6 +36,7 @@ static pl_h1 *parser_h1(llhttp_t *p)
     return (pl_h1 *)(void *)((char *)p - offsetof(pl_h1, parser));
 }
 
+/* Returns -1, what llhttp takes from a callback as an error. */
 static int fail(pl_h1 *h, int status, const char *msg)
 {
     h->failed = 1;
@@ -307,8 +309,8 @@ static int is_token_method(const char *data, size_t len)
 /* llhttp takes runs of spaces between the parts of a request line, which
  * RFC 9112 section 3 separates by exactly one (a proxy may split a line with
  * two otherwise). <h->line> carries the scan across reads; blank lines
- * before a request are skipped, as llhttp skips them. Returns 0, or -1 at a
- * space that is not the one separator. */
+ * before a request are skipped, as llhttp skips them. Returns 0, or -EINVAL
+ * at a space that is not the one separator. */
 enum { LINE_START, LINE_TEXT, LINE_SPACE, LINE_DONE };
 
 static int request_line_ok(pl_h1 *h, const char *data, size_t len)
@@ -318,7 +320,7 @@ static int request_line_ok(pl_h1 *h, const char *data, size_t len)
     for (size_t i = 0; i < len && h->line != LINE_DONE; i++) {
         if (data[i] == ' ') {
             if (h->line != LINE_TEXT)
-                return -1;
+                return -EINVAL;
             h->line = LINE_SPACE;
         } else if (data[i] == '\n') {
             if (h->line != LINE_START)
@@ -401,7 +403,7 @@ void pl_h1_release(pl_h1 *h)
 int pl_h1_take_arena(pl_h1 *h, pl_buf *out)
 {
     if (h->arena.data == NULL)
-        return -1;
+        return -ENOENT;
     *out = h->arena;
     memset(&h->arena, 0, sizeof(h->arena));
     return 0;

@@ -159,7 +159,7 @@ static int decode_fields(cursor *c, pl_handover_rec *r)
     r->type = (uint8_t)get_u(c, 1);
     r->serves = (uint8_t)get_u(c, 1);
     if (r->type == 0 || r->type >= PL_HO__COUNT)
-        return -1;
+        return -EPROTO;
     switch (r->type) {
     case PL_HO_PARKED:
         r->keep_alive = (uint8_t)get_u(c, 1);
@@ -181,7 +181,7 @@ static int decode_fields(cursor *c, pl_handover_rec *r)
         r->count = get_u(c, 8);
         break;
     }
-    return c->bad ? -1 : 0;
+    return c->bad ? -EPROTO : 0;
 }
 
 int pl_handover_decode(const char *buf, size_t len, pl_handover_rec *recs)
@@ -192,16 +192,16 @@ int pl_handover_decode(const char *buf, size_t len, pl_handover_rec *recs)
 
     if (c.bad || magic != MAGIC || version != PL_HANDOVER_VERSION ||
         n > PL_HANDOVER_BATCH || body != len - HEADER_LEN)
-        return -1;
+        return -EPROTO;
     for (uint64_t i = 0; i < n; i++) {
         size_t rlen = (size_t)get_u(&c, 2);
         const char *start = get(&c, rlen);
         cursor rc = {(char *)start, start + rlen, 0};
 
         if (start == NULL || decode_fields(&rc, &recs[i]) != 0 || rc.p != rc.end)
-            return -1;
+            return -EPROTO;
     }
-    return c.p == c.end ? (int)n : -1;
+    return c.p == c.end ? (int)n : -EPROTO;
 }
 
 int pl_handover_send(int sock, const pl_handover_rec *recs, size_t n)

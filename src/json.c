@@ -1,5 +1,6 @@
 /* json.c -- the strict one-pass JSON reader: validate a client's document,
  * refuse repeated member names, hand back the values asked for by path. */
+#include <errno.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -75,7 +76,7 @@ static int fail(reader *r, const char *what)
         r->bad = what;
         r->bad_at = r->p;
     }
-    return -1;
+    return -EINVAL;
 }
 
 static int fail_at(reader *r, const char *p, const char *what)
@@ -116,7 +117,7 @@ static int hex4(const char *p, unsigned *out)
         unsigned c = (unsigned char)p[i], l = c | 0x20; /* a letter in lower case */
 
         if (c - '0' > 9 && l - 'a' > 5)
-            return -1;
+            return -EINVAL;
         v = v << 4 | (c - '0' <= 9 ? c - '0' : l - 'a' + 10);
     }
     *out = v;
@@ -273,7 +274,7 @@ static size_t decode_char(const char **sp, const char *end, char *o)
 }
 
 /* Writes the text of the validated string bytes <s>,<len> (never longer
- * than they are) to <out>. Returns its length, or -1 past <cap> bytes.
+ * than they are) to <out>. Returns its length, or -ENOSPC past <cap> bytes.
  * Out of line: escapes are rare, and inlined it crowds the member loop. */
 static __attribute__((noinline)) long decode(const char *s, size_t len, char *out, size_t cap)
 {
@@ -283,7 +284,7 @@ static __attribute__((noinline)) long decode(const char *s, size_t len, char *ou
 
     for (; s < end; n += k)
         if ((k = decode_char(&s, end, c)) > cap - n)
-            return -1;
+            return -ENOSPC;
         else
             memcpy(out + n, c, k);
     return (long)n;
@@ -321,7 +322,7 @@ static int grow_names(reader *r)
         pl_free(names);
         pl_free(slots);
         r->nomem = 1;
-        return -1;
+        return -ENOMEM;
     }
     memcpy(names, r->names, r->nnames * sizeof(*names));
     memset(slots, 0, 2 * (size_t)cap * sizeof(*slots));
@@ -422,7 +423,7 @@ static int remember(reader *r, object_names *o, const char *s, size_t len, uint6
         return 0;
     }
     if (r->nnames == r->cap && grow_names(r) != 0)
-        return -1;
+        return -EINVAL;
     r->names[r->nnames] = (name){s, (uint32_t)len, o->id, o->last, h, 0};
     if (o->count >= LINEAR_NAMES)
         place(r, r->nnames);
@@ -518,15 +519,15 @@ static int member(reader *r, int at, object_names *o)
     if (r->p == r->end || *r->p != '"')
         return fail(r, "expected a member name");
     if (string(r, &raw, &raw_len, &esc) != 0)
-        return -1;
+        return -EINVAL;
     s = raw;
     len = raw_len;
     if (esc && (s = decode_name(r, raw, &len)) == NULL)
-        return -1;
+        return -EINVAL;
     bit = filter_bit(s, len);
     to = at != UNTRACKED && (r->wanted & bit) ? child(r, at, s, len, bit) : UNTRACKED;
     if (remember(r, o, s, len, bit, raw, raw_len) != 0)
-        return -1;
+        return -EINVAL;
     if (r->p == r->end || *r->p != ':') { /* compact JSON: the colon at once */
         skip_ws(r);
         if (r->p == r->end || *r->p != ':')
@@ -536,11 +537,11 @@ static int member(reader *r, int at, object_names *o)
     skip_ws(r);
     if (r->p < r->end && *r->p == '"') { /* most values: no call to value() */
         if (string(r, &f.p, &f.len, &esc) != 0)
-            return -1;
+            return -EINVAL;
         f.type = PL_JSON_STRING;
         f.escaped = (uint8_t)esc;
     } else if (value(r, to, &f) != 0) {
-        return -1;
+        return -EINVAL;
     }
     if (to > 0 && r->found[to - 1].type == PL_JSON_NONE)
         r->found[to - 1] = f;
@@ -554,7 +555,7 @@ static int object(reader *r, int at)
 
     while (rc == 1) {
         if (member(r, at, &o) != 0)
-            return -1;
+            return -EINVAL;
         rc = more(r, '}', "expected ',' or '}' in an object");
     }
     return rc;
@@ -567,7 +568,7 @@ static int array(reader *r)
 
     while (rc == 1) {
         if (value(r, UNTRACKED, &f) != 0)
-            return -1;
+            return -EINVAL;
         rc = more(r, ']', "expected ',' or ']' in an array");
     }
     return rc;
@@ -719,8 +720,10 @@ int pl_json_read(const char *text, size_t len, unsigned flags, const pl_json_pat
 
 long pl_json_string(const pl_json_value *v, char *out, size_t cap)
 {
-    if (v->type != PL_JSON_STRING || (!v->escaped && v->len > cap))
-        return -1;
+    if (v->type != PL_JSON_STRING)
+        return -EINVAL;
+    if (!v->escaped && v->len > cap)
+        return -ENOSPC;
     if (v->escaped)
         return decode(v->p, v->len, out, cap);
     memcpy(out, v->p, v->len);
@@ -761,11 +764,11 @@ int pl_json_number(const pl_json_value *v, double *out)
     double d;
 
     if (v->type != PL_JSON_NUMBER)
-        return -1;
+        return -EINVAL;
     if (pl_key_number_exact(v->p, v->len, &d) != 0)
         d = strtod(v->p, NULL);
     if (!isfinite(d))
-        return -1;
+        return -ERANGE;
     *out = d;
     return 0;
 }

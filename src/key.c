@@ -1,4 +1,5 @@
 /* key.c -- parsing and canonical encoding of the match key. */
+#include <errno.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -64,18 +65,18 @@ int pl_key_number_exact(const char *s, size_t len, double *out)
             m = m * 10 + (uint64_t)(*p - '0');
     /* Up to 15 digits fit a double's 53 bits, exactly (and m cannot wrap). */
     if (digits > 15)
-        return -1;
+        return -ERANGE;
     if (p < end && (*p == 'e' || *p == 'E')) {
         p++;
         if (p < end && (*p == '+' || *p == '-'))
             eneg = *p++ == '-';
         for (; p < end && is_digit(*p); p++)
             if ((e = e * 10 + (*p - '0')) > 100)
-                return -1;
+                return -ERANGE;
         exp10 += eneg ? -e : e;
     }
     if (exp10 < -22 || exp10 > 22)
-        return -1;
+        return -ERANGE;
     /* Two exact operands and one IEEE operation: correctly rounded, as
      * strtod() and JavaScript's Number parsing are (Clinger's fast path). */
     v = exp10 < 0 ? (double)m / pow10[-exp10] : (double)m * pow10[exp10];
@@ -89,14 +90,14 @@ int pl_key_parse_number(const char *s, size_t len, double *out)
     double v;
 
     if (len == 0 || len >= sizeof(buf) || !json_number_syntax(s, len))
-        return -1;
+        return -EINVAL;
     if (pl_key_number_exact(s, len, &v) != 0) {
         memcpy(buf, s, len);
         buf[len] = '\0';
         v = strtod(buf, NULL);
     }
     if (!isfinite(v))
-        return -1;
+        return -EINVAL;
     *out = v == 0 ? 0 : v; /* -0 and 0 are one key */
     return 0;
 }

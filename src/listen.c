@@ -193,7 +193,7 @@ int pl_http_adopt_listener(pl_http *h, int fd, uint16_t *bound_port)
 
 int pl_http_listener_fd(const pl_http *h, int i)
 {
-    return h->listening && i < h->nlisteners ? h->listeners[i].fd : -1;
+    return h->listening && i < h->nlisteners ? h->listeners[i].fd : -EBADF;
 }
 
 int pl_http_listener_count(const pl_http *h)

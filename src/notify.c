@@ -1,4 +1,5 @@
 /* notify.c -- tells the service manager how the service is (sd_notify). */
+#include <errno.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,16 +20,16 @@ int pl_notify(const char *state)
 
     if (path == NULL || (path[0] != '/' && path[0] != '@') ||
         (len = strlen(path)) >= sizeof(sa.sun_path))
-        return -1;
+        return -ENOENT;
     memcpy(sa.sun_path, path, len);
     if (path[0] == '@')
         sa.sun_path[0] = '\0'; /* an abstract socket */
     salen = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + len);
     fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
     if (fd < 0)
-        return -1;
+        return -errno;
     rc = sendto(fd, state, strlen(state), MSG_NOSIGNAL, (struct sockaddr *)&sa, salen) < 0
-             ? -1 : 0;
+             ? -errno : 0;
     close(fd);
     return rc;
 }

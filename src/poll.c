@@ -1,4 +1,5 @@
 /* poll.c -- a long-poll's key from its headers, tokens verified or read. */
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -58,15 +59,15 @@ static int read_deployment(const pl_request *req, pl_token_verifier *verifier,
         if (enforce) {
             *err = r == PL_TOKEN_LEGACY ? "a signed deployment token is required"
                                         : "invalid deployment token";
-            return 401;
+            return -EACCES;
         }
     }
     /* unverified: a token's claim names the key, nothing more; a value
      * that does not decode as a JWT is a bare id, dots or not */
     n = pl_token_deployment(id, len, claims->deployment, sizeof(claims->deployment));
-    if (n == -1) {
+    if (n < 0 && n != PL_TOKEN_NOT_JWT) {
         *err = "x-trigger-deployment-id is a token without a deployment claim";
-        return 400;
+        return -EINVAL;
     }
     if (n >= 0) {
         id = claims->deployment;
@@ -74,7 +75,7 @@ static int read_deployment(const pl_request *req, pl_token_verifier *verifier,
     }
     if (len > PL_KEY_FIELD_MAX) {
         *err = "x-trigger-deployment-id is too long";
-        return 400;
+        return -EINVAL;
     }
     key->deployment = id;
     key->deployment_len = len;
@@ -93,7 +94,7 @@ int pl_poll_key(const pl_request *req, pl_token_verifier *verifier, int enforce,
     const char *why;
     int rc;
 
-    *token = -1;
+    *token = PL_TOKEN_UNCHECKED;
     *err = NULL;
     for (size_t i = 0; i < sizeof(required) / sizeof(required[0]); i++) {
         pl_header h = required[i];
@@ -102,7 +103,7 @@ int pl_poll_key(const pl_request *req, pl_token_verifier *verifier, int enforce,
                 *token = PL_TOKEN_ABSENT;
             snprintf(msg, msglen, "missing header %s", header_names[h]);
             *err = msg;
-            return 400;
+            return -EINVAL;
         }
     }
     if (req->header_len[PL_HDR_CONTROLLER_ID] > PL_POLL_CONTROLLER_ID_MAX)
@@ -116,13 +117,13 @@ int pl_poll_key(const pl_request *req, pl_token_verifier *verifier, int enforce,
                                  req->header_len[PL_HDR_MACHINE_MEMORY], &key->memory) != 0)
         *err = "x-trigger-machine-memory must be a number";
     if (*err != NULL)
-        return 400;
+        return -EINVAL;
     for (size_t i = 0; i < sizeof(texts) / sizeof(texts[0]); i++) {
         pl_header h = texts[i];
         if ((why = not_text(req->header[h], req->header_len[h])) != NULL) {
             snprintf(msg, msglen, "%s %s", header_names[h], why);
             *err = msg;
-            return 400;
+            return -EINVAL;
         }
     }
     key->version = req->header[PL_HDR_DEPLOYMENT_VERSION];
@@ -132,7 +133,7 @@ int pl_poll_key(const pl_request *req, pl_token_verifier *verifier, int enforce,
         /* the header's own bytes, or its token's deployment claim */
         snprintf(msg, msglen, "%s %s", header_names[PL_HDR_DEPLOYMENT_ID], why);
         *err = msg;
-        return 400;
+        return -EINVAL;
     }
     return rc;
 }

@@ -11,7 +11,7 @@
 
 #include "pilotlight/proc.h"
 
-/* Reads <path> into <buf>; returns the length, or -1. No stdio: a FILE
+/* Reads <path> into <buf>; returns the length, or -errno. No stdio: a FILE
  * and its buffer would be a malloc per scrape (see count_fds). */
 static ssize_t read_file(const char *path, char *buf, size_t cap)
 {
@@ -20,7 +20,7 @@ static ssize_t read_file(const char *path, char *buf, size_t cap)
     size_t len = 0;
 
     if (fd < 0)
-        return -1;
+        return -errno;
     while (len < cap - 1 && ((n = read(fd, buf + len, cap - 1 - len)) > 0 || (n < 0 && errno == EINTR)))
         if (n > 0)
             len += (size_t)n;
@@ -40,7 +40,7 @@ static int boot_time(double *out)
     if (btime < 0) {
         if (read_file("/proc/stat", buf, sizeof(buf)) < 0 ||
             (p = strstr(buf, "\nbtime ")) == NULL)
-            return -1;
+            return -EIO;
         btime = strtod(p + 7, NULL);
     }
     *out = btime;
@@ -58,13 +58,13 @@ static int read_stat(pl_proc_stats *out)
 
     if (read_file("/proc/self/stat", buf, sizeof(buf)) < 0 ||
         (p = strrchr(buf, ')')) == NULL || boot_time(&boot) != 0 || ticks <= 0)
-        return -1;
+        return -EIO;
     p += 2; /* ") " then field 3, the state letter */
     p = strchr(p, ' ');
     for (int i = 4; i <= 24 && p != NULL; i++) {
         v[i] = strtoull(p, &end, 10);
         if (end == p)
-            return -1;
+            return -EIO;
         p = end;
     }
     out->cpu_seconds = (double)(v[14] + v[15]) / ticks;
@@ -85,7 +85,7 @@ static int count_fds(uint64_t *out)
     long got;
 
     if (fd < 0)
-        return -1;
+        return -errno;
     while ((got = syscall(SYS_getdents64, fd, buf, sizeof(buf))) > 0) {
         for (long off = 0; off < got;) {
             struct dirent64 *e = (struct dirent64 *)(void *)(buf + off);
@@ -94,9 +94,11 @@ static int count_fds(uint64_t *out)
             off += e->d_reclen;
         }
     }
+    if (got < 0)
+        got = -errno;
     close(fd);
     if (got < 0)
-        return -1;
+        return (int)got;
     *out = n;
     return 0;
 }
@@ -105,9 +107,11 @@ int pl_proc_read(pl_proc_stats *out)
 {
     struct rlimit rl;
 
+    int rc;
+
     memset(out, 0, sizeof(*out));
-    if (read_stat(out) != 0 || count_fds(&out->open_fds) != 0)
-        return -1;
+    if ((rc = read_stat(out)) != 0 || (rc = count_fds(&out->open_fds)) != 0)
+        return rc;
     if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
         out->max_fds = rl.rlim_cur;
     return 0;

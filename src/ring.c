@@ -1,4 +1,5 @@
 /* ring.c -- a key's owner among the instances: rendezvous hashing. */
+#include <errno.h>
 #include <string.h>
 
 #include "pilotlight/ring.h"
@@ -44,7 +45,7 @@ int pl_ring_find(const pl_ring *r, const char *name, size_t len)
     for (size_t i = 0; i < r->n; i++)
         if (strlen(r->m[i].name) == len && memcmp(r->m[i].name, name, len) == 0)
             return (int)i;
-    return -1;
+    return -ENOENT;
 }
 
 /* Orders member names as strcmp does, <name> being <len> bytes. */
@@ -61,11 +62,11 @@ int pl_ring_add(pl_ring *r, const char *name, size_t len)
     size_t at = 0;
 
     if (len == 0 || len >= PL_RING_NAME_MAX)
-        return -1;
+        return -EINVAL;
     if (pl_ring_find(r, name, len) >= 0)
         return 0;
     if (r->n == PL_RING_MEMBERS_MAX)
-        return -1;
+        return -ENOSPC;
     while (at < r->n && name_cmp(r->m[at].name, name, len) < 0)
         at++;
     memmove(&r->m[at + 1], &r->m[at], (r->n - at) * sizeof(r->m[0]));

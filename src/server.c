@@ -1,5 +1,6 @@
 /* server.c -- runs the loop: listen, serve, reload on SIGHUP, upgrade on
  * SIGUSR2, and drain on SIGTERM/SIGINT. */
+#include <errno.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>
@@ -373,12 +374,15 @@ static pl_http *new_http(server *s, unsigned serves)
     return h;
 }
 
-/* Listens with <h> on every address of <addr>. Returns 0, or -1 (logged). */
+/* Listens with <h> on every address of <addr>. Returns 0, or a negative
+ * errno (logged). */
 static int listen_on(server *s, pl_http *h, const pl_listen_addr *addr, unsigned serves)
 {
-    if (listen_all(s, h, addr, pl_broker_serves_name(serves)) != 0) {
+    int rc = listen_all(s, h, addr, pl_broker_serves_name(serves));
+
+    if (rc != 0) {
         pl_http_stop(h);
-        return -1;
+        return rc;
     }
     return 0;
 }
@@ -391,25 +395,26 @@ static int adopt(server *s, const char *fdvar)
     unsigned serves[2] = {s->serves[0], s->serves[1]};
     char *end;
     long fd = strtol(fdvar, &end, 10);
+    int rc;
 
     if (*end != '\0' || fd < 3 || fd > 65535) {
         PL_LOG(PL_LOG_ERROR, "upgrade: bad " PL_HANDOVER_ENV, NULL);
-        return -1;
+        return -EINVAL;
     }
-    if (pl_upgrade_adopt((int)fd, s->broker, https, serves) == 0)
+    if ((rc = pl_upgrade_adopt((int)fd, s->broker, https, serves)) == 0)
         return 0;
     /* Close what was adopted: without a byte written, so the old process,
      * which still holds every socket, serves on as if nothing happened. */
     for (int i = 0; i < 2; i++)
         if (https[i] != NULL)
             pl_http_close_all(https[i]);
-    return -1;
+    return rc;
 }
 
 static int start(server *s)
 {
     const pl_config *cfg = s->cfg;
-    int split = cfg->dispatch_listen.host[0] != '\0';
+    int split = cfg->dispatch_listen.host[0] != '\0', rc;
     const char *fdvar = getenv(PL_HANDOVER_ENV);
     ssize_t n = readlink("/proc/self/exe", s->exe, sizeof(s->exe) - 1);
 
@@ -419,14 +424,14 @@ static int start(server *s)
     s->broker = pl_broker_new(&s->loop, cfg);
     if (s->broker == NULL) {
         PL_LOG(PL_LOG_ERROR, "out of memory at start", NULL);
-        return -1;
+        return -ENOMEM;
     }
     s->lag = pl_lag_start(&s->loop, &pl_broker_metrics(s->broker)->loop_lag, LAG_PERIOD_MS);
     s->serves[0] = split ? PL_SERVE_CONTROLLERS : PL_SERVE_CONTROLLERS | PL_SERVE_DISPATCH;
     s->serves[1] = PL_SERVE_DISPATCH;
     s->http = new_http(s, s->serves[0]);
     if (s->http == NULL || (split && (s->dispatch_http = new_http(s, s->serves[1])) == NULL))
-        return -1;
+        return -ENOMEM;
     /* Handled from before "listening" is said: a SIGHUP or SIGUSR2 sent as
      * soon as the process is up must not kill it. */
     uv_signal_init(&s->loop, &s->sigterm);
@@ -441,12 +446,13 @@ static int start(server *s)
     uv_signal_start(&s->sighup, on_sighup, SIGHUP);
     uv_signal_start(&s->sigusr2, on_sigusr2, SIGUSR2);
     if (fdvar != NULL) {
-        if (adopt(s, fdvar) != 0)
-            return -1;
+        if ((rc = adopt(s, fdvar)) != 0)
+            return rc;
     } else {
-        if (listen_on(s, s->http, &cfg->listen, s->serves[0]) != 0 ||
-            (split && listen_on(s, s->dispatch_http, &cfg->dispatch_listen, s->serves[1]) != 0))
-            return -1;
+        if ((rc = listen_on(s, s->http, &cfg->listen, s->serves[0])) != 0 ||
+            (split && (rc = listen_on(s, s->dispatch_http, &cfg->dispatch_listen,
+                                      s->serves[1])) != 0))
+            return rc;
         pl_notify("READY=1");
     }
     PL_LOG(PL_LOG_DEBUG, "sizes", "\"connection_bytes\":%zu,\"waiter_bytes\":%zu",

@@ -60,7 +60,7 @@ int pl_tcp_take_ack_report(int fd, uint32_t *offset)
         struct cmsghdr align;
     } ctl;
     struct msghdr msg = {.msg_control = ctl.buf, .msg_controllen = sizeof(ctl.buf)};
-    int found = 0;
+    int rc = -ENOMSG;
 
     if (recvmsg(fd, &msg, MSG_ERRQUEUE | MSG_DONTWAIT) < 0)
         return errno == EWOULDBLOCK ? -EAGAIN : -errno;
@@ -74,9 +74,9 @@ int pl_tcp_take_ack_report(int fd, uint32_t *offset)
             ee->ee_info != SCM_TSTAMP_ACK)
             continue;
         *offset = ee->ee_data;
-        found = 1;
+        rc = 0;
     }
-    return found;
+    return rc;
 }
 
 int pl_tcp_queued(int fd, int unsent, int *n)

@@ -62,12 +62,12 @@ static int b64url_value(unsigned char c)
         return 62;
     if (c == '_')
         return 63;
-    return -1;
+    return -EINVAL;
 }
 
 /* Decodes <in> into <out> (len*3/4+3 bytes). With <strict>, the unused
  * bits of the last character must be zero, so that every byte string has
- * exactly one encoding. Returns the decoded length or -1. */
+ * exactly one encoding. Returns the decoded length or -EINVAL. */
 static long b64url_decode(const char *in, size_t len, unsigned char *out, int strict)
 {
     unsigned long acc = 0;
@@ -75,11 +75,11 @@ static long b64url_decode(const char *in, size_t len, unsigned char *out, int st
     long n = 0;
 
     if (len % 4 == 1)
-        return -1;
+        return -EINVAL;
     for (size_t i = 0; i < len; i++) {
         int v = b64url_value((unsigned char)in[i]);
         if (v < 0)
-            return -1;
+            return -EINVAL;
         acc = (acc << 6) | (unsigned long)v;
         bits += 6;
         if (bits >= 8) {
@@ -89,7 +89,7 @@ static long b64url_decode(const char *in, size_t len, unsigned char *out, int st
         }
     }
     if (strict && acc != 0)
-        return -1;
+        return -EINVAL;
     return n;
 }
 
@@ -244,7 +244,7 @@ long pl_token_deployment(const char *s, size_t len, char *out, size_t cap)
 {
     pl_json_value dep;
     segment g;
-    long n = -1;
+    long n = -EINVAL;
 
     if (!jwt_claim(s, len, &dep, &g)) {
         segment_free(&g);
@@ -255,7 +255,7 @@ long pl_token_deployment(const char *s, size_t len, char *out, size_t cap)
         n = pl_json_string(&dep, out, cap - 1);
     segment_free(&g);
     if (n <= 0 || !pl_json_is_text(out, (size_t)n))
-        return -1;
+        return -EINVAL;
     out[n] = '\0';
     return n;
 }
@@ -357,13 +357,13 @@ static int audience_ok(const pl_json_value *aud)
 }
 
 /* Copies the string claim <v> into <dst> (PL_KEY_FIELD_MAX + 1 bytes).
- * Returns 0, or -1 when it is not a string or does not fit. */
+ * Returns 0, or -EINVAL when it is not a string or does not fit. */
 static int copy_claim(const pl_json_value *v, char *dst)
 {
     long n = pl_json_string(v, dst, PL_KEY_FIELD_MAX);
 
     if (n < 0)
-        return -1;
+        return (int)n;
     dst[n] = '\0';
     return 0;
 }
@@ -557,10 +557,10 @@ int pl_token_verifier_set_previous(pl_token_verifier *v, const unsigned char *se
                                    size_t len)
 {
     if (len == 0 || len > INT_MAX || v->previous != NULL)
-        return -1;
+        return -EINVAL;
     v->previous = pl_malloc(len);
     if (v->previous == NULL)
-        return -1;
+        return -ENOMEM;
     memcpy(v->previous, secret, len);
     v->previous_len = len;
     return 0;

@@ -140,9 +140,9 @@ void pl__timers_rearm(pl_http *h);
 int pl__conn_write_reported(pl_conn *c, const uv_buf_t *bufs, unsigned n);
 
 /* Takes one report off <c>'s error queue. <with_request>: it came with
- * bytes of a request. Returns 1 when it covers the mark set by
- * pl_conn_expect_ack (the caller tells the owner), 0 when not, -1 when the
- * queue was empty. */
+ * bytes of a request. Returns 0 when it covers the mark set by
+ * pl_conn_expect_ack (the caller tells the owner), -ENOMSG when not,
+ * -EAGAIN when the queue was empty (or another negative errno). */
 int pl__conn_take_ack_report(pl_conn *c, int with_request);
 
 /* ---- conn.c: connections ---- */

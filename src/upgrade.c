@@ -162,7 +162,7 @@ static int grow(void **arr, size_t *cap, size_t n, size_t size)
         return 0;
     p = pl_realloc(*arr, (*cap ? *cap * 2 : 256) * size);
     if (p == NULL)
-        return -1;
+        return -ENOMEM;
     *arr = p;
     *cap = *cap ? *cap * 2 : 256;
     return 0;
@@ -197,7 +197,7 @@ static void note_idle(pl_conn *c, void *arg)
 /* Notes what is to be handed over, then holds it: from here to the
  * verdict no dispatch reaches a poll that both processes may hold, and
  * nothing here reads a connection the other may be reading. Returns 0, or
- * -1 when out of memory (then nothing is held). */
+ * -ENOMEM (then nothing is held). */
 static int take_stock(pl_upgrade *u)
 {
     for (int i = 0; i < 2; i++) {
@@ -216,7 +216,7 @@ static int take_stock(pl_upgrade *u)
             pl_http_each_idle(u->o.https[i], note_idle, u);
     if (u->out_of_memory) {
         u->nparked = u->nidle = 0;
-        return -1;
+        return -ENOMEM;
     }
     u->held_ns = uv_hrtime();
     for (size_t i = 0; i < u->nparked; i++) {
@@ -585,7 +585,7 @@ int pl_upgrade_adopt(int fd, pl_broker *broker, pl_http *const https[2],
     close(fd);
     if (why != NULL) {
         PL_LOG(PL_LOG_ERROR, "upgrade: adoption failed", "\"error\":\"%s\"", why);
-        return -1;
+        return -EPROTO;
     }
     snprintf(state, sizeof(state), "MAINPID=%d\nREADY=1", (int)getpid());
     pl_notify(state);

@@ -61,8 +61,7 @@ char *pl_broker_waiters_json(const pl_broker *b, size_t max);
  * (token rules: revoked, 401 or closed unanswered when its token was never
  * verified here; a lower cap: rejected, 503, the newest first). Everything
  * else the broker reads from its cfg at each use, so the caller then copies
- * <next> over that cfg. Returns 0, or -1 when out of memory (nothing
- * changed). Counts the reload. */
+ * <next> over that cfg. Returns 0, or -ENOMEM (nothing changed). Counts the reload. */
 int pl_broker_reconfigure(pl_broker *b, const pl_config *next);
 
 /* Counts a reload that failed before reaching the broker (a bad file). */

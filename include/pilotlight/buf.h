@@ -12,12 +12,12 @@ typedef struct {
 } pl_buf;
 
 /* Appends <n> bytes of <data>, growing by doubling; the bytes live in a
- * pool.h size class (the system allocator past PL_POOL_CLASS_MAX). Returns 0, or -1 when
- * out of memory (then <b> is unchanged). */
+ * pool.h size class (the system allocator past PL_POOL_CLASS_MAX). Returns 0, or -ENOMEM
+ * when out of memory or past 4 GiB (then <b> is unchanged). */
 int pl_buf_append(pl_buf *b, const void *data, size_t n);
 
 /* Makes room for <n> bytes in all, so appends up to that do not grow <b>
- * step by step. Returns 0, or -1 when out of memory (<b> unchanged). */
+ * step by step. Returns 0, or -ENOMEM (<b> unchanged). */
 int pl_buf_reserve(pl_buf *b, size_t n);
 
 /* Frees the bytes; <b> is empty again. */

@@ -66,12 +66,14 @@ typedef enum {
 
 /* Fills <cfg> from defaults, the file named by --config or PILOTLIGHT_CONFIG,
  * <envp> (NULL-terminated "NAME=value" strings) and <argv>. Returns 0 and
- * sets *action; -1 with a message naming the setting in <err>. */
+ * sets *action; -EINVAL (a setting is invalid), or the negative errno of a
+ * file that cannot be read, with a message naming the setting or file in
+ * <err>. */
 int pl_config_load(pl_config *cfg, int argc, char **argv, char **envp,
                    pl_config_action *action, char *err, size_t errlen);
 
-/* Sets one setting by its file name (e.g. "max_waiters"). Returns 0, or -1
- * with a message in <err>. */
+/* Sets one setting by its file name (e.g. "max_waiters"). Returns 0, or
+ * -EINVAL with a message in <err>. */
 int pl_config_set(pl_config *cfg, const char *name, const char *value,
                   char *err, size_t errlen);
 

@@ -7,6 +7,7 @@
 #ifndef PILOTLIGHT_ENGINE_H
 #define PILOTLIGHT_ENGINE_H
 
+#include <errno.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -39,16 +40,17 @@ typedef enum { PL_ORDER_FIFO = 0, PL_ORDER_LIFO } pl_order;
  * PL_OUTCOME_REVOKED, NULL otherwise. For MATCHED the callback returns 0 if
  * the payload was handed to a live client, PL_SETTLE_PENDING if it was
  * written but its delivery is still to be confirmed (the waiter then stays
- * counted as parked, out of every queue, until pl_engine_confirm()), and any
- * other value if the client is already gone (the engine then records a
- * disconnect and tries the next waiter). For REPLACED, nonzero means the
- * client had hung up already: a disconnect is recorded instead. The return
+ * counted as parked, out of every queue, until pl_engine_confirm()), and
+ * another negative errno (-EPIPE) if the client is already gone (the engine
+ * then records a disconnect and tries the next waiter). For REPLACED, a
+ * negative errno means the client had hung up already: a disconnect is
+ * recorded instead. The return
  * value is ignored for other outcomes. Except for a pending delivery, the
  * waiter is freed when the callback returns. The callback must not call
  * back into the engine. */
 typedef int (*pl_settle_cb)(void *owner, pl_outcome outcome, const void *arg);
 
-#define PL_SETTLE_PENDING 1
+#define PL_SETTLE_PENDING (-EINPROGRESS)
 
 typedef struct {
     pl_order order;
@@ -83,9 +85,10 @@ void pl_engine_free(pl_engine *e);
 int pl_engine_park(pl_engine *e, const pl_key *key, const char *id,
                    size_t id_len, void *owner, uint64_t now, pl_waiter **out);
 
-#define PL_EREJECTED 1
-#define PL_ENOMEM (-12)
-#define PL_EINVAL (-22) /* a key field empty or over PL_KEY_FIELD_MAX */
+/* The engine's errors, negative errno values as every call returns them. */
+#define PL_EREJECTED (-ENOSPC) /* over a cap: the poll was settled REJECTED */
+#define PL_ENOMEM (-ENOMEM)
+#define PL_EINVAL (-EINVAL)    /* a key field empty or over PL_KEY_FIELD_MAX */
 
 /* Parks a waiter handed over by an older process (binary upgrade): like
  * pl_engine_park, parked at <parked_at>, counted as adopted rather than in
@@ -97,7 +100,7 @@ int pl_engine_park(pl_engine *e, const pl_key *key, const char *id,
 int pl_engine_adopt(pl_engine *e, const pl_key *key, const char *id, size_t id_len,
                     void *owner, uint64_t parked_at, pl_waiter **out);
 
-#define PL_EEXIST (-17)
+#define PL_EEXIST (-EEXIST)
 
 /* What one parked waiter is, for a hand-over. Strings are valid during the
  * callback only; <id> is NUL-terminated. */
@@ -206,8 +209,8 @@ size_t pl_engine_each_in_key(const pl_engine *e, const pl_key *key, size_t max,
  * Returns how many. */
 size_t pl_engine_expire(pl_engine *e, uint64_t now);
 
-/* Sets *deadline to the earliest park-timeout deadline. Returns 0, or -1
- * when nothing can time out. */
+/* Sets *deadline to the earliest park-timeout deadline. Returns 0, or
+ * -ENOENT when nothing can time out. */
 int pl_engine_next_deadline(const pl_engine *e, uint64_t *deadline);
 
 /* Settles every waiter with PL_OUTCOME_SHUTDOWN. */

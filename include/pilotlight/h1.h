@@ -45,7 +45,8 @@ typedef struct {
 typedef struct {
     void (*begin)(void *owner);   /* a request's first byte arrived */
     /* headers complete; <send_continue> when the client waits for a
-     * 100 Continue before sending its body. Return 0, or -1 to stop. */
+     * 100 Continue before sending its body. Return 0, or a negative errno
+     * to stop. */
     int (*headers)(void *owner, int send_continue);
 } pl_h1_events;
 
@@ -90,7 +91,7 @@ void pl_h1_release(pl_h1 *h);
 
 /* Hands the request arena, which the views of pl_h1_request() point into,
  * over to <out> (freed with pl_buf_free()); <h> keeps none. Returns 0, or
- * -1 (nothing handed) when it is empty. */
+ * -ENOENT (nothing handed) when it is empty. */
 int pl_h1_take_arena(pl_h1 *h, pl_buf *out);
 
 #endif

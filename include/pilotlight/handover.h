@@ -58,7 +58,7 @@ size_t pl_handover_encode(const pl_handover_rec *recs, size_t n, char *buf, size
 
 /* Decodes the message <buf> (<len> bytes) into <recs> (room for
  * PL_HANDOVER_BATCH); strings point into <buf>; fds are set to -1. Returns
- * the record count, or -1 when the message is malformed, of another
+ * the record count, or -EPROTO when the message is malformed, of another
  * version, or names an unknown type. */
 int pl_handover_decode(const char *buf, size_t len, pl_handover_rec *recs);
 

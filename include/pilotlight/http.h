@@ -107,8 +107,9 @@ uint64_t pl_http_refused(const pl_http *h, unsigned reason);
  * header lines (each ending in \r\n; PL_CONN_EXTRA_MAX bytes at most) and
  * <body>. The bytes are copied if the
  * socket cannot take them at once. Returns 0 when the socket accepted or
- * queued them, -1 when the connection is already failed or closing (then
- * nothing was sent). */
+ * queued them, -EPIPE when the connection is already failed or closing
+ * (then nothing was sent), or another negative errno when the write failed
+ * (the connection is then closing). */
 int pl_conn_respond(pl_conn *c, int status, const char *content_type,
                     const char *extra_headers, const char *body, size_t len);
 
@@ -126,15 +127,15 @@ void pl_conn_close(pl_conn *c);
 void pl_conn_abort(pl_conn *c);
 
 /* Whether the client's TCP stack has acknowledged every byte written to <c>:
- * returns 1 when it has, 0 when bytes are still unsent or unacknowledged
- * (a connection reset meanwhile included), -1 when the kernel cannot be
- * asked. One system call. */
+ * returns 0 when it has, -EAGAIN while bytes are still unsent or
+ * unacknowledged (a connection reset meanwhile included), another negative
+ * errno when the kernel cannot be asked. One system call. */
 int pl_conn_acknowledged(const pl_conn *c);
 
 /* Fills <t> with what the kernel knows of <c>'s TCP connection (tcp.h:
  * three system calls, for the rare paths), libuv's own queue counted as
- * unsent. The counts stay valid after a reset. Returns 0, or -1 when the
- * kernel cannot be asked. */
+ * unsent. The counts stay valid after a reset. Returns 0, or a negative
+ * errno when the kernel cannot be asked. */
 int pl_conn_tcp_info(const pl_conn *c, pl_tcp_facts *t);
 
 /* Sends <c>'s peer a keepalive probe now, if the connection has been idle
@@ -176,8 +177,8 @@ void pl_conn_hold_on_eof(pl_conn *c);
 
 /* <on>: asks the kernel to report when <c>'s peer acknowledges bytes
  * written from now on (SO_TIMESTAMPING with TX_ACK; the reports are taken in
- * the read path). Once per connection: returns -1 on the call the kernel
- * refused (poll pl_conn_acknowledged() for it instead), else 0. Not <on>
+ * the read path). Once per connection: returns a negative errno on the call
+ * the kernel refused (poll pl_conn_acknowledged() for it instead), else 0. Not <on>
  * (nobody waits for ACKs: delivery = written, say after a reload): its
  * writes ask for no reports; should they matter again, its next request
  * brings them, as for PL_CONN_ACK_NEXT_REQUEST. */
@@ -185,14 +186,14 @@ int pl_conn_watch_acks(pl_conn *c, int on);
 
 /* How the application learns that <c>'s peer acknowledged its bytes. */
 enum {
-    PL_CONN_ACK_POLL = -1,        /* no report: ask pl_conn_acknowledged() */
-    PL_CONN_ACK_REPORT = 0,       /* PL_CONN_EV_ACKED comes */
-    PL_CONN_ACK_NEXT_REQUEST = 1, /* its next request brings the ACK (it did
-                                   * last time): no report; if the request
-                                   * is late, ask pl_conn_acknowledged() */
-    PL_CONN_ACK_REFUSED = 2,      /* as POLL, and the kernel has just refused
-                                   * the write's request for a report (told
-                                   * once per connection) */
+    PL_CONN_ACK_REPORT,       /* PL_CONN_EV_ACKED comes */
+    PL_CONN_ACK_NEXT_REQUEST, /* its next request brings the ACK (it did
+                               * last time): no report; if the request is
+                               * late, ask pl_conn_acknowledged() */
+    PL_CONN_ACK_POLL,         /* no report: ask pl_conn_acknowledged() */
+    PL_CONN_ACK_REFUSED,      /* as POLL, and the kernel has just refused
+                               * the write's request for a report (told
+                               * once per connection) */
 };
 
 /* Asks for PL_CONN_EV_ACKED once the peer has acknowledged every byte written
@@ -229,7 +230,7 @@ void pl_conn_set_tag(pl_conn *c, unsigned tag);
 
 /* During on_request for <c>: hands the bytes the request's views point into
  * over to <out> (freed with pl_buf_free()), so the application can keep
- * them past the call without copying. Returns 0, or -1 when there are none. */
+ * them past the call without copying. Returns 0, or -ENOENT when there are none. */
 int pl_conn_take_request(pl_conn *c, pl_buf *out);
 
 /* Makes <obj> the owner of <c>, with <ops> (a static table that lives as
@@ -257,13 +258,13 @@ pl_conn *pl_http_adopt(pl_http *h, int fd, int parked, int keep_alive);
  * negative libuv error. */
 int pl_http_adopt_listener(pl_http *h, int fd, uint16_t *bound_port);
 
-/* Listener <i>'s descriptor (0 <= i < pl_http_listener_count), or -1 when
- * it does not listen. */
+/* Listener <i>'s descriptor (0 <= i < pl_http_listener_count), or -EBADF
+ * when it does not listen. */
 int pl_http_listener_fd(const pl_http *h, int i);
 int pl_http_listener_count(const pl_http *h);
 
 /* <c>'s descriptor when it can be handed over whole (no request part-way
- * in, nothing buffered either way, not closing), else -1. */
+ * in, nothing buffered either way, not closing), else -EBUSY. */
 int pl_conn_handover_fd(const pl_conn *c);
 
 /* Whether <c>'s current request allows keep-alive. */

@@ -17,6 +17,7 @@
 #ifndef PILOTLIGHT_JSON_H
 #define PILOTLIGHT_JSON_H
 
+#include <errno.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -24,9 +25,9 @@
 #define PL_JSON_MAX_DEPTH 1000
 
 /* pl_json_read() results besides 0. */
-#define PL_JSON_EINVAL (-1) /* not JSON: doc->error says what, doc->error_at where */
-#define PL_JSON_EDUP (-2)   /* JSON, but an object repeats a member name (doc->dup) */
-#define PL_JSON_ENOMEM (-3) /* heap scratch for a very large document was refused */
+#define PL_JSON_EINVAL (-EINVAL) /* not JSON: doc->error says what, doc->error_at where */
+#define PL_JSON_EDUP (-EEXIST)   /* JSON, but an object repeats a member name (doc->dup) */
+#define PL_JSON_ENOMEM (-ENOMEM) /* heap scratch for a very large document was refused */
 
 typedef enum {
     PL_JSON_NONE, /* no value: the path was not in the document */
@@ -98,7 +99,8 @@ int pl_json_read(const char *text, size_t len, unsigned flags, const pl_json_pat
  * bytes: escapes decoded, a surrogate pair as its character, a lone
  * surrogate as the three bytes of its code unit, so that two strings decode
  * to the same bytes exactly when JavaScript's strings are equal. Returns the
- * length (at most v->len), or -1 when <v> is not a string or does not fit. */
+ * length (at most v->len), -EINVAL when <v> is not a string, or -ENOSPC
+ * when it does not fit. */
 long pl_json_string(const pl_json_value *v, char *out, size_t cap);
 
 /* 1 when <v> is a string whose decoded text is the <len> bytes <s>. */
@@ -110,8 +112,8 @@ int pl_json_is_text(const char *s, size_t len);
 
 /* Sets *out to the number <v> as JavaScript reads it (correctly rounded).
  * <v> must be a member or element of a document pl_json_read() accepted (a
- * byte that ends the number follows it). Returns 0, or -1 when <v> is not
- * a number or is beyond the double range. */
+ * byte that ends the number follows it). Returns 0, -EINVAL when <v> is not
+ * a number, or -ERANGE when it is beyond the double range. */
 int pl_json_number(const pl_json_value *v, double *out);
 
 /* Steps through the elements of the array <v> (one pl_json_read() found):

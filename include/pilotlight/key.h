@@ -23,13 +23,13 @@ typedef struct {
 } pl_key;
 
 /* Parses a machine size given as text (a header value): a finite number in
- * JSON's grammar and nothing else. Returns 0 and sets *out, or -1 (and
- * leaves *out alone) when <s> is not such a number. */
+ * JSON's grammar and nothing else. Returns 0 and sets *out, or -EINVAL
+ * (leaving *out alone) when <s> is not such a number. */
 int pl_key_parse_number(const char *s, size_t len, double *out);
 
 /* The value of the JSON number token s[0..len) (grammar already checked)
  * when it takes no more than a double's precision to get exactly: up to 15
- * digits and a power of ten within 1e22. Returns 0 and sets *out, or -1:
+ * digits and a power of ten within 1e22. Returns 0 and sets *out, or -ERANGE:
  * then strtod() has to read it. */
 int pl_key_number_exact(const char *s, size_t len, double *out);
 

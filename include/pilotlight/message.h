@@ -10,6 +10,7 @@
 #ifndef PILOTLIGHT_MESSAGE_H
 #define PILOTLIGHT_MESSAGE_H
 
+#include <errno.h>
 #include <stddef.h>
 
 #include "pilotlight/json.h"
@@ -22,8 +23,8 @@ typedef struct {
     char *owned;          /* key strings that had escapes, decoded */
 } pl_message;
 
-#define PL_MESSAGE_EINVAL (-1)
-#define PL_MESSAGE_ENOMEM (-2)
+#define PL_MESSAGE_EINVAL (-EINVAL)
+#define PL_MESSAGE_ENOMEM (-ENOMEM)
 
 /* Deepest nesting of arrays and objects accepted. */
 #define PL_MESSAGE_MAX_DEPTH PL_JSON_MAX_DEPTH

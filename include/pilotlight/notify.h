@@ -4,8 +4,8 @@
 #define PILOTLIGHT_NOTIFY_H
 
 /* Sends <state> (e.g. "READY=1", "MAINPID=1234") to the service manager
- * when NOTIFY_SOCKET names one. Returns 0, or -1 when there is none or it
- * failed. */
+ * when NOTIFY_SOCKET names one. Returns 0, -ENOENT when there is none, or
+ * the negative errno of the send that failed. */
 int pl_notify(const char *state);
 
 #endif

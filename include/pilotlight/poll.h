@@ -13,12 +13,12 @@
 /* Fills <key> from the headers of <req>. <key>'s strings point into <req>
  * or <claims>. With a <verifier>, the deployment-id header is verified
  * (<now> in seconds since the epoch) and *token set to its pl_token_result;
- * otherwise *token is -1. A valid token names the deployment, and must be
+ * otherwise *token is PL_TOKEN_UNCHECKED. A valid token names the deployment, and must be
  * for the version in the header. The controller id, the version and the
  * key's deployment (the header, or its token's claim) must be well-formed
  * UTF-8 without control characters, as any key a dispatch body can name.
- * Returns 0, or the HTTP status to answer (400 malformed, naming the
- * header; 401 when <enforce> and the token is not valid) with *err set,
+ * Returns 0, or -EINVAL (malformed: answered 400, *err naming the header)
+ * or -EACCES (<enforce> and the token is not valid: 401), with *err set,
  * possibly to <msg>. */
 int pl_poll_key(const pl_request *req, pl_token_verifier *verifier, int enforce,
                 double now, pl_key *key, pl_token_claims *claims, int *token,

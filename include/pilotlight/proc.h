@@ -14,8 +14,9 @@ typedef struct {
     uint64_t max_fds; /* the soft RLIMIT_NOFILE; 0 when unlimited */
 } pl_proc_stats;
 
-/* Fills <out> for the calling process. Returns 0, or -1 when /proc could not
- * be read (then <out> is unspecified). */
+/* Fills <out> for the calling process. Returns 0, or a negative errno when
+ * /proc could not be read (-EIO: not as expected; then <out> is
+ * unspecified). */
 int pl_proc_read(pl_proc_stats *out);
 
 #endif

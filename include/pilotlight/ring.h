@@ -34,11 +34,11 @@ typedef struct {
 void pl_ring_init(pl_ring *r);
 
 /* Adds the member <name> (<len> bytes; once: adding it again changes
- * nothing). Returns 0, or -1 when the ring is full or the name too long
- * or empty. */
+ * nothing). Returns 0, -ENOSPC when the ring is full, or -EINVAL when the
+ * name is too long or empty. */
 int pl_ring_add(pl_ring *r, const char *name, size_t len);
 
-/* The index of member <name>, or -1. */
+/* The index of member <name>, or -ENOENT. */
 int pl_ring_find(const pl_ring *r, const char *name, size_t len);
 
 /* Whether <a> and <b> have the same members. */

@@ -25,9 +25,9 @@ int pl_tcp_watch_acks(int fd);
  * another negative errno. */
 ssize_t pl_tcp_send_reported(int fd, const struct iovec *iov, int n);
 
-/* Takes one message off <fd>'s error queue. Returns 1 and sets *offset to
- * the byte offset an ACK report in it covers, 0 when it held no ACK report,
- * -EAGAIN when the queue was empty. One per call: a longer queue keeps the
+/* Takes one message off <fd>'s error queue. Returns 0 and sets *offset to
+ * the byte offset an ACK report in it covers, -ENOMSG when it held no ACK
+ * report, -EAGAIN when the queue was empty. One per call: a longer queue keeps the
  * socket's EPOLLERR raised and is taken on the next turns. */
 int pl_tcp_take_ack_report(int fd, uint32_t *offset);
 

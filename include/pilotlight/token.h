@@ -8,6 +8,7 @@
 #ifndef PILOTLIGHT_TOKEN_H
 #define PILOTLIGHT_TOKEN_H
 
+#include <errno.h>
 #include <stddef.h>
 
 #include "pilotlight/key.h"
@@ -29,19 +30,20 @@
 int pl_token_is_jwt(const char *s, size_t len);
 
 /* Decodes base64url (no padding) <in> into <out> (room for len*3/4+3 bytes).
- * Returns the decoded length, or -1 on a character outside the alphabet or
- * an impossible length. Lenient about unused trailing bits; the verifier
+ * Returns the decoded length, or -EINVAL on a character outside the
+ * alphabet or an impossible length. Lenient about unused trailing bits; the verifier
  * uses a strict decoder of its own. */
 long pl_token_b64url_decode(const char *in, size_t len, unsigned char *out);
 
-/* pl_token_deployment() of a value that is not a JWT: a bare id. */
-#define PL_TOKEN_NOT_JWT (-2)
+/* pl_token_deployment() of a value that is not a JWT: no token here, the
+ * value is a bare id. */
+#define PL_TOKEN_NOT_JWT (-ENOENT)
 
 /* For a value that decodes as a JWT (pl_token_is_jwt), copies the payload's
  * "deployment" claim, decoded, into <out> (<cap> bytes, NUL-terminated; a
- * repeated claim reads as its first value). Returns its length; -1 when
- * the JWT has no non-empty string "deployment" claim that fits and holds no
- * NUL or lone surrogate; PL_TOKEN_NOT_JWT when <s> is a bare id. Checks no
+ * repeated claim reads as its first value). Returns its length; -EINVAL
+ * when the JWT has no non-empty string "deployment" claim that fits and
+ * holds no NUL or lone surrogate; PL_TOKEN_NOT_JWT when <s> is a bare id. Checks no
  * signature: use pl_token_verify() for that. */
 long pl_token_deployment(const char *s, size_t len, char *out, size_t cap);
 
@@ -51,6 +53,7 @@ typedef enum {
     PL_TOKEN_LEGACY,  /* a bare deployment id: no JWT header (a base64url
                          JSON object with a string "alg") before two dots */
     PL_TOKEN_ABSENT,  /* empty value */
+    PL_TOKEN_UNCHECKED, /* not verified: no verifier (pl_poll_key) */
 } pl_token_result;
 
 typedef struct pl_token_verifier pl_token_verifier;
@@ -80,7 +83,7 @@ pl_token_verifier *pl_token_verifier_new(const unsigned char *secret, size_t len
 
 /* Also accepts tokens signed with <secret> (<len> bytes, copied), the secret
  * being retired during a rotation: the current one is tried first. Once per
- * verifier. Returns 0, or -1 when out of memory, <len> is 0 or one is set. */
+ * verifier. Returns 0, -ENOMEM, or -EINVAL when <len> is 0 or one is set. */
 int pl_token_verifier_set_previous(pl_token_verifier *v, const unsigned char *secret,
                                    size_t len);
 

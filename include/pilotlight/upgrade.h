@@ -49,7 +49,7 @@ void pl_upgrade_abort(pl_upgrade *u, const char *why);
  * (then closes it; each read bounded by upgrade_step_timeout_ms) and
  * adopts listeners into <https> by their serves, parked polls into
  * <broker>, idle connections. Answers READY and tells the service manager
- * (MAINPID, READY=1), or FAIL with the reason. Returns 0, or -1 (logged):
+ * (MAINPID, READY=1), or FAIL with the reason. Returns 0, or -EPROTO (logged):
  * what was adopted is then closed without a byte written. */
 int pl_upgrade_adopt(int fd, pl_broker *broker, pl_http *const https[2],
                      const unsigned serves[2]);

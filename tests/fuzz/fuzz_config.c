@@ -87,7 +87,7 @@ static int load(pl_config *cfg, int argc, char **argv, char **envp, char *err)
 
     memset(err, 0x55, 512); /* an error must be a string within its room */
     rc = pl_config_load(cfg, argc, argv, envp, &action, err, 512);
-    if (rc != 0 && rc != -1)
+    if (rc > 0) /* an error is a negative errno */
         abort();
     if (rc != 0 && (memchr(err, '\0', 512) == NULL || err[0] == '\0'))
         abort();

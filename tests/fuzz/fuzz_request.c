@@ -202,7 +202,7 @@ static int on_settle(void *p, pl_outcome outcome, const void *arg)
               m->payload[m->payload_len - 1] == '}');
         if (o->refuse) {
             counted(o, PL_OUTCOME_DISCONNECT);
-            return -1;
+            return -EPIPE;
         }
         if (S.confirm) {
             o->state = O_PENDING; /* still counted as parked */
@@ -374,10 +374,11 @@ static void handle_park(const pl_request *req, uint8_t refuse_mask, uint8_t unac
 
     rc = pl_poll_key(req, S.verifier, S.enforce, NOW_SECONDS + (double)S.now / 1e3, &key,
                      &claims, &token, &err, msg, sizeof(msg));
-    CHECK(S.verifier != NULL ? token >= -1 && token <= PL_TOKEN_ABSENT : token == -1);
+    CHECK(token >= 0 && token <= PL_TOKEN_UNCHECKED &&
+          (S.verifier != NULL || token == PL_TOKEN_UNCHECKED));
     TRACE("  poll key: %d token %d %s\n", rc, token, rc ? err : "");
     if (rc != 0) {
-        CHECK(rc == 400 || (rc == 401 && S.enforce && S.verifier != NULL));
+        CHECK(rc == -EINVAL || (rc == -EACCES && S.enforce && S.verifier != NULL));
         CHECK(err != NULL && err[0] != '\0');
         return; /* answered with an error */
     }
@@ -541,7 +542,7 @@ static int on_headers(void *p, int send_continue)
     S.phase = 2;
     if (send_continue && S.fail_continue) {
         S.continue_failed = 1;
-        return -1; /* writing "100 Continue" failed */
+        return -EPIPE; /* writing "100 Continue" failed */
     }
     return 0;
 }
@@ -649,7 +650,7 @@ static void check_keys(void)
     CHECK(total == keys && key_fn_calls == keys && key_fn_parked == parked);
     CHECK(pl_engine_key_count(S.engine) == keys);
     if (S.timeout == 0 || parked == 0) {
-        CHECK(pl_engine_next_deadline(S.engine, &deadline) == -1);
+        CHECK(pl_engine_next_deadline(S.engine, &deadline) == -ENOENT);
     } else {
         CHECK(pl_engine_next_deadline(S.engine, &deadline) == 0);
         CHECK(deadline == oldest + S.timeout);

@@ -60,8 +60,8 @@ static int settle_cb(void *owner, pl_outcome outcome, const void *arg)
     if (outcome == PL_OUTCOME_MATCHED && o->pending)
         return PL_SETTLE_PENDING;
     if (outcome == PL_OUTCOME_REPLACED && o->gone)
-        return -1;
-    return outcome == PL_OUTCOME_MATCHED && o->refuse ? -1 : 0;
+        return -EPIPE;
+    return outcome == PL_OUTCOME_MATCHED && o->refuse ? -EPIPE : 0;
 }
 
 /* ---- helpers ------------------------------------------------------------ */
@@ -557,7 +557,7 @@ static void test_expire_and_deadline(void)
     uint64_t dl = 0;
     uint64_t settled[PL_OUTCOME__COUNT] = {0};
 
-    CHECK_EQ(pl_engine_next_deadline(e, &dl), -1);
+    CHECK_EQ(pl_engine_next_deadline(e, &dl), -ENOENT);
     CHECK_EQ(park(e, &KA, "a", &a, 1000), 0);
     CHECK_EQ(park(e, &KB, "b", &b, 1050), 0);
     CHECK_EQ(park(e, &KA, "c", &c, 1070), 0);
@@ -584,7 +584,7 @@ static void test_expire_and_deadline(void)
     CHECK_EQ(b2.calls, 0);
     CHECK_EQ(pl_engine_expire(e, 100000), 1);
     CHECK_EQ(b2.outcome, PL_OUTCOME_TIMEOUT);
-    CHECK_EQ(pl_engine_next_deadline(e, &dl), -1);
+    CHECK_EQ(pl_engine_next_deadline(e, &dl), -ENOENT);
     CHECK_EQ(pl_engine_key_count(e), 0);
     settled[PL_OUTCOME_TIMEOUT] = 3;
     settled[PL_OUTCOME_REPLACED] = 1;
@@ -595,7 +595,7 @@ static void test_expire_and_deadline(void)
     e = engine(PL_ORDER_FIFO, 0, 0, 0);
     owner_t d = {0};
     CHECK_EQ(park(e, &KA, "d", &d, 0), 0);
-    CHECK_EQ(pl_engine_next_deadline(e, &dl), -1);
+    CHECK_EQ(pl_engine_next_deadline(e, &dl), -ENOENT);
     CHECK_EQ(pl_engine_expire(e, UINT64_MAX / 2), 0);
     CHECK_EQ(d.calls, 0);
     pl_engine_free(e);
@@ -620,7 +620,7 @@ static void test_drain(void)
         CHECK(o[i].arg == NULL);
     }
     CHECK_EQ(pl_engine_key_count(e), 0);
-    CHECK_EQ(pl_engine_next_deadline(e, &dl), -1);
+    CHECK_EQ(pl_engine_next_deadline(e, &dl), -ENOENT);
     settled[PL_OUTCOME_SHUTDOWN] = 3;
     check_ledger(e, 3, 0, settled);
 
@@ -1200,7 +1200,7 @@ static void m_check(const model *m, const pl_engine *e, const void *payload,
         CHECK_EQ(pl_engine_next_deadline(e, &dl), 0);
         CHECK_EQ(dl, oldest + m->timeout);
     } else {
-        CHECK_EQ(pl_engine_next_deadline(e, &dl), -1);
+        CHECK_EQ(pl_engine_next_deadline(e, &dl), -ENOENT);
     }
 }
 
@@ -1716,7 +1716,7 @@ static void test_hold_for_a_hand_over(void)
     CHECK_EQ(pl_engine_enforce_caps(e), 1);
     CHECK(a2.calls == 1 && a2.outcome == PL_OUTCOME_REJECTED && a.calls == 0);
     CHECK_EQ(pl_engine_revoke(e, judge_tag, NULL), 0);
-    CHECK_EQ(pl_engine_next_deadline(e, &due), -1);
+    CHECK_EQ(pl_engine_next_deadline(e, &due), -ENOENT);
     /* released: its deadline (passed) and its place come back */
     pl_engine_hold(e, a.w, 0);
     CHECK_EQ(pl_engine_next_deadline(e, &due), 0);

@@ -86,24 +86,24 @@ static void test_hostile_messages_are_refused(void)
     CHECK_EQ(pl_handover_decode(buf, len, out), 2);
     /* every truncation of a valid message is refused */
     for (size_t cut = 0; cut < len; cut++)
-        CHECK_EQ(pl_handover_decode(buf, cut, out), -1);
+        CHECK_EQ(pl_handover_decode(buf, cut, out), -EPROTO);
     /* magic, version, record count, an unknown type */
     size_t at[] = {0, 4, 6, 14};
     for (size_t i = 0; i < sizeof(at) / sizeof(at[0]); i++) {
         memcpy(bad, buf, len);
         bad[at[i]] ^= 0x40;
-        CHECK_EQ(pl_handover_decode(bad, len, out), -1);
+        CHECK_EQ(pl_handover_decode(bad, len, out), -EPROTO);
     }
     /* a string length running past its record */
     memcpy(bad, buf, len);
     bad[12 + 2 + 3 + 8 + 16 + 16] = (char)0xff;
-    CHECK_EQ(pl_handover_decode(bad, len, out), -1);
+    CHECK_EQ(pl_handover_decode(bad, len, out), -EPROTO);
     /* every byte flipped: refused or decoded within bounds, never past them */
     for (size_t i = 0; i < len; i++) {
         memcpy(bad, buf, len);
         bad[i] ^= 0xff;
         int n = pl_handover_decode(bad, len, out);
-        CHECK(n >= -1 && n <= PL_HANDOVER_BATCH);
+        CHECK(n == -EPROTO || (n >= 0 && n <= PL_HANDOVER_BATCH));
         for (int k = 0; k < n; k++)
             if (out[k].type == PL_HO_PARKED)
                 CHECK(out[k].key.deployment + out[k].key.deployment_len <= bad + len);

@@ -408,7 +408,7 @@ static void test_token_deployment(void)
     CHECK(!pl_token_is_jwt("a.b+.c", 6));
     CHECK_EQ(pl_token_deployment(tok, strlen(tok), out, sizeof(out)), 12);
     CHECK_STR(out, "deployment_t");
-    CHECK_EQ(pl_token_deployment(tok, strlen(tok), out, 5), -1);
+    CHECK_EQ(pl_token_deployment(tok, strlen(tok), out, 5), -EINVAL);
     /* Dots alone make no token: these are bare ids (ids are opaque). */
     CHECK_EQ(pl_token_deployment("a.b.c", 5, out, sizeof(out)), PL_TOKEN_NOT_JWT);
     CHECK(!pl_token_is_jwt("deployment_app.v2.eu", 20));
@@ -421,7 +421,7 @@ static void test_token_deployment(void)
     /* {"alg":"HS256"} . {"ver":1} . sig: a JWT without the claim. */
     CHECK(pl_token_is_jwt("eyJhbGciOiJIUzI1NiJ9.eyJ2ZXIiOjF9.c2ln", 38));
     CHECK_EQ(pl_token_deployment("eyJhbGciOiJIUzI1NiJ9.eyJ2ZXIiOjF9.c2ln", 38, out,
-                                 sizeof(out)), -1);
+                                 sizeof(out)), -EINVAL);
 }
 
 int main(void)

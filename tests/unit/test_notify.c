@@ -15,9 +15,9 @@
 static void test_without_a_manager(void)
 {
     unsetenv("NOTIFY_SOCKET");
-    CHECK_EQ(pl_notify("READY=1"), -1);
+    CHECK_EQ(pl_notify("READY=1"), -ENOENT);
     setenv("NOTIFY_SOCKET", "relative/path", 1);
-    CHECK_EQ(pl_notify("READY=1"), -1);
+    CHECK_EQ(pl_notify("READY=1"), -ENOENT);
     unsetenv("NOTIFY_SOCKET");
 }
 

@@ -42,13 +42,20 @@ static void test_members(void)
     CHECK_STR(r.m[1].name, "10.0.0.1:8080");
     CHECK_STR(r.m[2].name, "10.0.0.2:8080");
     CHECK_EQ(pl_ring_find(&r, "10.0.0.1:8080", 13), 1);
-    CHECK_EQ(pl_ring_find(&r, "10.0.0.1:80", 11), -1);
-    CHECK_EQ(pl_ring_add(&r, "", 0), -1);
+    CHECK_EQ(pl_ring_find(&r, "10.0.0.1:80", 11), -ENOENT);
+    CHECK_EQ(pl_ring_add(&r, "", 0), -EINVAL);
     {
         char longname[PL_RING_NAME_MAX + 1];
         memset(longname, 'a', sizeof(longname));
-        CHECK_EQ(pl_ring_add(&r, longname, PL_RING_NAME_MAX), -1);
+        CHECK_EQ(pl_ring_add(&r, longname, PL_RING_NAME_MAX), -EINVAL);
     }
+    for (int i = (int)r.n; i < PL_RING_MEMBERS_MAX; i++) {
+        char name[32];
+        int len = snprintf(name, sizeof(name), "10.1.0.%d:80", i);
+        CHECK_EQ(pl_ring_add(&r, name, (size_t)len), 0);
+    }
+    CHECK_EQ(pl_ring_add(&r, "10.2.0.1:80", 11), -ENOSPC);
+    CHECK_EQ(pl_ring_add(&r, "10.0.0.1:8080", 13), 0); /* a member still */
 }
 
 /* The same members added in any order give every key the same owner:

@@ -737,10 +737,10 @@ static void test_legacy_helpers(void)
     CHECK_EQ(pl_token_deployment(t, strlen(t), dep, sizeof(dep)), 6);
     CHECK_STR(dep, "dep_\xc3\xa9");
     t = mint(HEADER, "{\"deployment\":\"a\\u0000b\"}");
-    CHECK_EQ(pl_token_deployment(t, strlen(t), dep, sizeof(dep)), -1);
+    CHECK_EQ(pl_token_deployment(t, strlen(t), dep, sizeof(dep)), -EINVAL);
     t = mint(HEADER, "{\"deployment\":\"a\\udc00\"}");
-    CHECK_EQ(pl_token_deployment(t, strlen(t), dep, sizeof(dep)), -1);
-    CHECK_EQ(pl_token_deployment(t, strlen(t), dep, 0), -1);
+    CHECK_EQ(pl_token_deployment(t, strlen(t), dep, sizeof(dep)), -EINVAL);
+    CHECK_EQ(pl_token_deployment(t, strlen(t), dep, 0), -EINVAL);
     /* Unverified, a repeated claim reads as its first value; a payload that
      * is not JSON makes the value a bare id. */
     t = mint(HEADER, "{\"deployment\":\"first\",\"deployment\":\"second\"}");
@@ -766,7 +766,7 @@ static void test_previous_secret(void)
     CHECK_INVALID(old_tok, "bad_signature");
     CHECK_EQ(pl_token_verifier_set_previous(ver, (const unsigned char *)"retired-secret", 14),
              0);
-    CHECK_EQ(pl_token_verifier_set_previous(ver, (const unsigned char *)"x", 1), -1);
+    CHECK_EQ(pl_token_verifier_set_previous(ver, (const unsigned char *)"x", 1), -EINVAL);
     memset(&claims, 0, sizeof(claims));
     CHECK_EQ(verify(old_tok), PL_TOKEN_VALID);
     CHECK_EQ(claims.previous, 1);
@@ -777,7 +777,7 @@ static void test_previous_secret(void)
     mint_with(EVP_sha256(), "neither-secret", HEADER, PAYLOAD, old_tok);
     CHECK_INVALID(old_tok, "bad_signature");
     fresh_verifier();
-    CHECK_EQ(pl_token_verifier_set_previous(ver, (const unsigned char *)"", 0), -1);
+    CHECK_EQ(pl_token_verifier_set_previous(ver, (const unsigned char *)"", 0), -EINVAL);
 }
 
 static const char *result_name(pl_token_result r)
@@ -791,6 +791,8 @@ static const char *result_name(pl_token_result r)
         return "legacy";
     case PL_TOKEN_ABSENT:
         return "absent";
+    case PL_TOKEN_UNCHECKED:
+        return "unchecked";
     }
     return "?";
 }

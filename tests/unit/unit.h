@@ -6,6 +6,7 @@
 #ifndef PILOTLIGHT_UNIT_H
 #define PILOTLIGHT_UNIT_H
 
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
