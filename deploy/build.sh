@@ -16,7 +16,7 @@
 # everything with the profile (b_pgo=use). With two servers at 2.5 k cycles/s
 # each on one CPU (loadtest/ab), the binary spends 7-8 % less CPU per cycle
 # than a plain release build: 4.5 % from the profile, 2.6-3.3 % more from LTO
-# on top of it (LTO alone: none; docs/benchmarks.md).
+# on top of it (LTO alone: none).
 # The profile stays in BUILDDIR (*.gcda); running this again trains afresh.
 set -euo pipefail
 

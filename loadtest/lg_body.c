@@ -66,7 +66,7 @@ static void channel_id(long k, char prefix, char *buf, size_t cap)
   snprintf(buf, cap, "%s_%s_%s_%s", dep, ver, cpu, mem);
 }
 
-/* The payload: the shape of ../shared/examples/dequeued-message.json. */
+/* The payload: the shape of tests/blackbox/data/dequeued-message.json. */
 static int message(char *buf, size_t cap, long k, char prefix, uint64_t seq)
 {
   char dep[64];

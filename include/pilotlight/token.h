@@ -3,8 +3,8 @@
  * Two layers. pl_token_deployment() reads a token's claim without checking
  * anything (the broker's pre-verification path). pl_token_verify() is the
  * verifier: an HS256 signature checked with libcrypto, then the header and
- * claims exactly as Trigger.dev mints them (see PROTOCOL.md, "Signed
- * deployment tokens"), with verified tokens cached until they expire. */
+ * claims exactly as Trigger.dev mints them (docs/protocol.md, "Deployment
+ * tokens"), with verified tokens cached until they expire. */
 #ifndef PILOTLIGHT_TOKEN_H
 #define PILOTLIGHT_TOKEN_H
 

@@ -1,5 +1,5 @@
 // lib.js -- what the two k6 scenarios share: the deployment x machine-preset
-// key space and a DequeuedMessage shaped like ../../../shared/examples.
+// key space and a DequeuedMessage shaped like tests/blackbox/data/dequeued-message.json.
 
 export const BASE_URL = __ENV.BASE_URL || "http://127.0.0.1:8080";
 export const DISPATCH_URL = __ENV.DISPATCH_URL || BASE_URL;

@@ -46,12 +46,10 @@ if _soft != resource.RLIM_INFINITY and _soft < _want:
 # --------------------------------------------------------------------------
 
 def _load_example():
-    for p in (REPO_ROOT.parent / "shared" / "examples" / "dequeued-message.json",
-              Path(__file__).resolve().parent / "data" / "dequeued-message.json"):
-        if p.is_file():
-            with open(p, "rb") as f:
-                return json.loads(f.read())
-    raise RuntimeError("dequeued-message.json not found")
+    # The example docs/protocol.md shows: a DequeuedMessage as the
+    # supervisor sends it.
+    with open(Path(__file__).resolve().parent / "data" / "dequeued-message.json", "rb") as f:
+        return json.loads(f.read())
 
 
 EXAMPLE = _load_example()

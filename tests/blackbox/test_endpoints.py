@@ -1,4 +1,4 @@
-"""The rows of PROTOCOL.md's "What pilotlight answers" table, one by one."""
+"""What pilotlight answers on each endpoint (docs/protocol.md), case by case."""
 
 import json
 import os

@@ -1,4 +1,4 @@
-"""Exact (issue 8): every dispatch read the way its consumer reads it.
+"""Exact reading: every dispatch read the way its consumer reads it.
 
 - The Node-generated vectors (tests/vectors/dispatch.tsv, written by
   gen-dispatch.mjs from JSON.parse's reading): each accepted body reaches the

@@ -333,15 +333,16 @@ def test_dispatch_timeout_outlasts_the_longest_confirmation():
     """HAProxy gives up on a dispatch after its server timeout and answers
     the supervisor 504, which reads as no warm start: the run is started
     elsewhere. Under delivery = confirm, pilotlight may hold a dispatch's
-    answer for confirm_timeout_ms and a tenth more (the last poll's grace,
-    at least 10 ms), and may still deliver the run then. The shipped proxy
-    must wait longer than that, or one run could start twice."""
+    answer for up to confirm_timeout_ms + confirm_wait_max_ms (an attempt
+    starts within the first, and one whose payload all left is decided
+    within the second: docs/delivery.md), and may still deliver the run
+    then. The shipped proxy must wait longer than that, or one run could
+    start twice."""
     rc, out, err = run_binary("--check-config")
     assert rc == 0, err
     conf = dict(ln.split(" = ", 1) for ln in out.splitlines() if " = " in ln)
     assert conf["delivery"] == "confirm"
-    confirm_ms = int(conf["confirm_timeout_ms"])
-    longest_ms = confirm_ms + max(confirm_ms // 10, 10)
+    longest_ms = int(conf["confirm_timeout_ms"]) + int(conf["confirm_wait_max_ms"])
     m = re.search(r"^\s*http-request set-timeout server (\d+)(ms|s)\b.*\{ method GET \}",
                   HAPROXY_CFG.read_text(), re.M)
     assert m, "no server timeout for dispatches in haproxy.cfg"

@@ -1,6 +1,6 @@
 """Hostile input on raw sockets: each case has the exact status and the exact
 connection end (closed by the server, or kept alive) that RFC 9112 / RFC 9110
-and PROTOCOL.md call for. After every case the server must still answer
+and docs/protocol.md call for. After every case the server must still answer
 /healthz, a bystander poll parked before the case must still be matched, and
 the ledger must balance.
 

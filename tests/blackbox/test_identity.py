@@ -310,7 +310,7 @@ def test_log_mode_parks_every_poll_and_counts_exactly(start_server, tokens):
 
     # Each poll is under its unverified deployment claim (or its bare id).
     # An unsecured JWT (empty signature segment) is not "three non-empty
-    # base64url segments" (PROTOCOL.md), so no claim is read from it: it
+    # base64url segments" (docs/protocol.md), so no claim is read from it: it
     # parks under its own text, like a bare id.
     inv, _ = waiters(s.port)
     got = {k["deployment"] for k in inv["keys"]}

@@ -1,4 +1,4 @@
-"""Two things a new user hits first (issue 11, section 1).
+"""Two things a new user hits first: opaque deployment ids, and host names to listen on.
 
 Deployment ids are opaque strings: an id with dots (`deployment_app.v2.eu`)
 is a bare id in every token_mode; only a value that decodes as a JWT (a

@@ -73,14 +73,9 @@ function packageVersion() {
 }
 
 function loadExample() {
-  const candidates = [
-    path.join(REPO, "..", "shared", "examples", "dequeued-message.json"),
-    path.join(REPO, "tests", "blackbox", "data", "dequeued-message.json"),
-  ];
-  for (const p of candidates) {
-    if (fs.existsSync(p)) return JSON.parse(fs.readFileSync(p, "utf8"));
-  }
-  throw new Failure(`example message not found in ${candidates.join(", ")}`);
+  const p = path.join(REPO, "tests", "blackbox", "data", "dequeued-message.json");
+  if (!fs.existsSync(p)) throw new Failure(`example message not found at ${p}`);
+  return JSON.parse(fs.readFileSync(p, "utf8"));
 }
 
 // ---- /metrics --------------------------------------------------------------

@@ -287,7 +287,8 @@ static void test_replace_same_controller(void)
 }
 
 /* A controller id is replaced only within its deployment: another tenant
- * reusing it parks beside it and ends nothing (issue 8). */
+ * reusing it parks beside it and ends nothing: a poll may replace only its
+ * own tenant's. */
 static void test_replace_same_tenant_only(void)
 {
     pl_engine *e = engine(PL_ORDER_FIFO, 0, 0, 0);

@@ -134,7 +134,7 @@ const cases = [
   ['lone-surrogate-names-differ', B(body(',"\\ud83d":1,"\\ude00":2,"\\ud83d\\ude00":3'))],
   ['deep-ok', B(body(`,"a":${'['.repeat(MAX_DEPTH - 2)}${']'.repeat(MAX_DEPTH - 2)}`))],
   ['big-object', B(body(`,"x":{${Array.from({ length: 1500 }, (_, n) => `"k${n}":${n}`).join(',')}}`))],
-  // what JSON.parse refuses (issue 8, 1)
+  // what JSON.parse refuses
   ['leading-zero', B(body(',"cpu2":01'))],
   ['leading-zero-key', B(body('', undefined, undefined, '01'))],
   ['leading-zero-neg', B(body(',"n":-01'))],
@@ -177,7 +177,8 @@ const cases = [
   ['unterminated', B(body().slice(0, -1))],
   ['empty', B('')],
   ['deep-too-deep', B(body(`,"a":${'['.repeat(MAX_DEPTH - 1)}${']'.repeat(MAX_DEPTH - 1)}`))],
-  // read otherwise than JSON.parse (issue 8, 2 and 3)
+  // what another reader could take otherwise than JSON.parse: repeated
+  // member names, key strings spelt with escapes
   ['dup-deployment', B('{"dequeuedMessage":{"deployment":{"friendlyId":"B"},"backgroundWorker":{"version":"v"},' +
                        '"run":{"machine":{"cpu":1,"memory":1}},"deployment":{"friendlyId":"A"}}}')],
   ['dup-friendlyId', B(body('', '"B","friendlyId":"A"'))],
