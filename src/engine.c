@@ -1,11 +1,11 @@
 /* engine.c -- parked waiters in a hash map of queues, one settle path. */
-#include <assert.h>
 #include <string.h>
 
 #include <utlist.h>
 
 #include "pilotlight/engine.h"
 #include "pilotlight/hash.h"
+#include "pilotlight/invariant.h"
 #include "pilotlight/mem.h"
 #include "pilotlight/pool.h"
 
@@ -30,8 +30,8 @@ typedef struct pl_entry pl_entry;
 
 struct pl_waiter {
     pl_waiter *qprev, *qnext; /* in its key's queue, oldest first */
-    pl_entry *entry;
-    void *owner;
+    pl_entry *entry;          /* its key's; NULL once out of every queue */
+    void *owner;              /* NULL once retired (see retire) */
     /* When it parked, in loop milliseconds (the low 56 bits: two million
      * years), with the owner's tag and the held bit above: a waiter costs
      * no byte more for them. */
@@ -225,7 +225,9 @@ static void unlink_waiter(pl_engine *e, pl_waiter *w)
 {
     pl_entry *ent = w->entry;
 
+    PL_ASSERT(ent != NULL && ent->count > 0);
     DL_DELETE2(ent->head, w, qprev, qnext);
+    w->entry = NULL;
     ent->count--;
     HASH_DELETE(hh, e->by_id, w);
     drop_entry_if_empty(e, ent);
@@ -242,23 +244,30 @@ static int ledger_balanced(const pl_ledger *l)
     return sum == l->parked_total + l->adopted;
 }
 
-/* The one exit of a waiter. <w> may be parked (linked) or not yet linked
- * (rejected at park). Returns the settle callback's answer. */
-/* Counts <w>'s outcome and frees it. */
+/* Counts <w>'s outcome and frees it. The owner is cleared first: the
+ * pools keep it through a free, so a second settle or confirm of the same
+ * waiter finds no owner and stops the process instead of answering a
+ * connection twice. */
 static void retire(pl_engine *e, pl_waiter *w, pl_outcome outcome, int linked)
 {
+    PL_ASSERT((unsigned)outcome < PL_OUTCOME__COUNT && w->owner != NULL);
     if (linked)
         e->ledger.parked_now--;
     e->ledger.settled[outcome]++;
-    assert(ledger_balanced(&e->ledger));
+    PL_ASSERT(ledger_balanced(&e->ledger));
+    w->owner = NULL;
     waiter_put(w);
 }
 
+/* The one exit of a waiter. <w> may be parked (linked) or not yet linked
+ * (rejected at park). Returns the settle callback's answer. */
 static int settle(pl_engine *e, pl_waiter *w, pl_outcome outcome,
                   const void *arg, int linked)
 {
     int rc;
 
+    /* In its queues exactly when it is said to be; never settled before. */
+    PL_ASSERT(w->owner != NULL && (w->entry != NULL) == (linked != 0));
     if (linked)
         unlink_waiter(e, w);
     rc = e->opts.settle(w->owner, outcome, arg);
@@ -272,6 +281,8 @@ static int settle(pl_engine *e, pl_waiter *w, pl_outcome outcome,
 
 void pl_engine_confirm(pl_engine *e, pl_waiter *w, pl_outcome outcome)
 {
+    /* only a delivery awaiting its confirmation: out of every queue */
+    PL_ASSERT(w->entry == NULL);
     retire(e, w, outcome, 1);
 }
 

@@ -1,9 +1,13 @@
 /* test_engine.c -- the matching engine alone: park, match, settle, caps,
  * expiry, allocation failure, and a randomized check against a model. */
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+
+#include <sys/wait.h>
 
 #include "pilotlight/engine.h"
 #include "pilotlight/key.h"
@@ -1427,6 +1431,49 @@ static void test_pending_delivery(void)
     pl_engine_free(e);
 }
 
+/* Runs <fn> in a child; 1 when it was stopped by an invariant (SIGABRT). */
+static int aborts(void (*fn)(void))
+{
+    int status = 0;
+    pid_t pid = fork();
+
+    if (pid == 0) {
+        fclose(stderr); /* the invariant's report is expected */
+        fn();
+        _exit(0);
+    }
+    CHECK(pid > 0 && waitpid(pid, &status, 0) == pid);
+    return WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT;
+}
+
+static void settle_a_pending_waiter(void)
+{
+    pl_engine *e = engine(PL_ORDER_FIFO, 0, 0, 100);
+    owner_t a = {.pending = 1};
+    int payload = 1;
+
+    park(e, &KA, "a", &a, 10);
+    deliver(e, &KA, &payload, 20, NULL);
+    pl_engine_settle(e, a.w, PL_OUTCOME_DISCONNECT); /* it is no longer parked */
+}
+
+static void confirm_a_parked_waiter(void)
+{
+    pl_engine *e = engine(PL_ORDER_FIFO, 0, 0, 100);
+    owner_t a = {0};
+
+    park(e, &KA, "a", &a, 10);
+    pl_engine_confirm(e, a.w, PL_OUTCOME_MATCHED); /* nothing was delivered */
+}
+
+/* Exactly-once holds in release builds too: settling a waiter whose
+ * delivery awaits confirmation, or confirming one still parked, would
+ * answer a controller twice, and stops the process instead. */
+static void test_invariants_stop_a_second_answer(void)
+{
+    CHECK(aborts(settle_a_pending_waiter));
+    CHECK(aborts(confirm_a_parked_waiter));
+}
 
 /* The vet: skipped waiters stay parked and are offered, in order, only
  * when no other took the payload; a stop offers it to nobody. */
@@ -1781,6 +1828,7 @@ int main(void)
     RUN(test_vet_stop_offers_to_nobody);
     RUN(test_each_in_key_in_match_order);
     RUN(test_pending_delivery_aborted);
+    RUN(test_invariants_stop_a_second_answer);
     RUN(test_expire_and_deadline);
     RUN(test_drain);
     RUN(test_free_settles_remaining);
