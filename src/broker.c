@@ -9,6 +9,7 @@
 
 #include "pilotlight/broker.h"
 #include "pilotlight/buf.h"
+#include "pilotlight/cluster.h"
 #include "pilotlight/confirm.h"
 #include "pilotlight/log.h"
 #include "pilotlight/mem.h"
@@ -33,6 +34,8 @@ struct pl_broker {
     pl_confirm *confirm;         /* the deliveries awaiting their ACK */
     pl_token_verifier *verifier; /* NULL when token_mode is disabled */
     uv_timer_t timer;            /* the engine's next park timeout */
+    pl_cluster cluster;          /* the key ring, when there is one */
+    uv_timer_t sweep;            /* moves polls parked here for another's key */
     pl_metrics metrics;
     int draining, closing;
     size_t connect_len;
@@ -103,6 +106,16 @@ static int on_settle(void *owner, pl_outcome outcome, const void *arg)
         else
             pl_conn_close(c);
         break;
+    case PL_OUTCOME_MOVED: {
+        /* Its key went to another instance: a redirect, which a controller
+         * follows at once (a closed poll would cost it a back-off). */
+        char loc[PL_CLUSTER_LOCATION_MAX];
+        if (pl_cluster_location(loc, arg, 0, "/warm-start", 0, NULL, NULL, 0, 0) > 0)
+            pl_conn_respond(c, 307, NULL, loc, NULL, 0);
+        else
+            pl_conn_close(c);
+        break;
+    }
     case PL_OUTCOME_DISCONNECT:
     case PL_OUTCOME_ABORTED:
     case PL_OUTCOME__COUNT:
@@ -203,6 +216,9 @@ pl_broker *pl_broker_new(uv_loop_t *loop, const pl_config *cfg)
         return NULL;
     }
     uv_timer_init(loop, &b->timer);
+    uv_timer_init(loop, &b->sweep);
+    b->sweep.data = b;
+    pl_cluster_init(&b->cluster);
     return b;
 }
 
@@ -230,7 +246,7 @@ static unsigned secret_now(const char *secret, const pl_config *next)
     return TRUST_INVALID;
 }
 
-/* pl_engine_revoke's judge: what a new poll with the same deployment id
+/* pl_engine_settle_if's judge: what a new poll with the same deployment id
  * would get under <next>, as far as the tag tells. Expiry is not judged
  * again: a token is checked when its poll parks. */
 static int judge_poll(const pl_waiter_info *info, unsigned *tag, const void **why, void *arg)
@@ -268,7 +284,7 @@ static void apply_to_parked(pl_broker *b, const pl_config *next)
     r.enforce = next->token_mode == PL_TOKEN_MODE_ENFORCE &&
                 (old->token_mode != PL_TOKEN_MODE_ENFORCE || r.remap);
     if (r.remap || r.enforce)
-        revoked = pl_engine_revoke(b->engine, judge_poll, &r);
+        revoked = pl_engine_settle_if(b->engine, PL_OUTCOME_REVOKED, judge_poll, &r);
     if (next->max_waiters < old->max_waiters ||
         next->max_waiters_per_key < old->max_waiters_per_key)
         rejected = pl_engine_enforce_caps(b->engine);
@@ -326,6 +342,81 @@ void pl_broker_attach(pl_broker *b, const pl_http *h)
     b->https[b->https[0] != NULL] = h;
 }
 
+/* ---- the key ring ---- */
+
+/* pl_engine_settle_if's judge for the ring: a poll whose key another
+ * instance owns is moved there. */
+static int judge_owner(const pl_waiter_info *info, unsigned *tag, const void **why, void *arg)
+{
+    const pl_cluster *cl = arg;
+
+    (void)tag;
+    if (pl_cluster_owns(cl, &info->key))
+        return 0;
+    *why = cl->ring.m[pl_cluster_owner(cl, &info->key)].name;
+    return 1;
+}
+
+static void move_foreign(pl_broker *b)
+{
+    size_t n = pl_engine_settle_if(b->engine, PL_OUTCOME_MOVED, judge_owner, &b->cluster);
+
+    if (n > 0)
+        PL_LOG(PL_LOG_INFO, "ring: parked polls sent to their keys' owners", "\"moved\":%zu", n);
+}
+
+static void sweep_cb(uv_timer_t *t)
+{
+    move_foreign(t->data);
+}
+
+void pl_broker_ring_changed(pl_broker *b, const pl_ring *ring, int self)
+{
+    b->cluster.ring = *ring;
+    b->cluster.self = self;
+    b->cluster.on = 1;
+    b->metrics.ring_on = 1;
+    b->metrics.ring_members = ring->n;
+    b->metrics.ring_changes++;
+    if (!b->closing)
+        move_foreign(b);
+}
+
+/* Answers a request for <key> that is not to be served here: 307 to the
+ * key's owner, or 400 for a malformed hop mark. Returns whether it did. A
+ * poll served here for another's key (views of the ring disagree) is sent
+ * on a check period later, when they should agree. */
+static int sent_elsewhere(pl_broker *b, pl_conn *c, const pl_request *req, const pl_key *key,
+                          int dispatch)
+{
+    char loc[PL_CLUSTER_LOCATION_MAX];
+    pl_hop hop;
+    int owner, foreign;
+    uint16_t port = dispatch && b->cfg->dispatch_listen.host[0] != '\0'
+                        ? b->cfg->dispatch_listen.port : 0;
+
+    if (!b->cluster.on)
+        return 0;
+    if (pl_cluster_read_hop(req->query, req->query_len, &hop) != 0) {
+        pl_conn_respond_error(c, 400, "malformed pl_hop, pl_exp or pl_sig");
+        return 1;
+    }
+    owner = pl_cluster_route(&b->cluster, key, hop.hops, &foreign);
+    if (owner < 0) {
+        b->metrics.ring_hop_served[dispatch] += (uint64_t)foreign;
+        if (foreign && !dispatch && !uv_is_active((uv_handle_t *)&b->sweep))
+            uv_timer_start(&b->sweep, sweep_cb, b->cfg->ring_check_ms, 0);
+        return 0;
+    }
+    if (pl_cluster_location(loc, b->cluster.ring.m[owner].name, port, "/warm-start", hop.hops,
+                            dispatch ? b->cfg->dispatch_token : NULL, req->body, req->body_len,
+                            (uint64_t)time(NULL)) < 0)
+        return 0; /* cannot be: names are short */
+    pl_conn_respond(c, 307, NULL, loc, NULL, 0);
+    b->metrics.ring_redirects[dispatch]++;
+    return 1;
+}
+
 /* ---- GET /warm-start: park ---- */
 
 static double wall_seconds(void)
@@ -380,6 +471,8 @@ void pl_broker_park(pl_broker *b, pl_conn *c, const pl_request *req)
         pl_conn_respond_error(c, rc == -EACCES ? 401 : 400, err);
         return;
     }
+    if (sent_elsewhere(b, c, req, &key, 0))
+        return;
     if (b->closing) {
         pl_conn_close(c); /* as if it had parked just before the drain */
         return;
@@ -471,6 +564,10 @@ void pl_broker_dispatch(pl_broker *b, pl_conn *c, const pl_request *req)
     }
     if (rc == PL_MESSAGE_ENOMEM) {
         pl_conn_respond_error(c, 503, "out of memory");
+        return;
+    }
+    if (sent_elsewhere(b, c, req, &m.key, 1)) {
+        pl_message_release(&m);
         return;
     }
     d.payload = &m;
@@ -662,6 +759,7 @@ void pl_broker_close_parked(pl_broker *b)
 void pl_broker_stop(pl_broker *b)
 {
     uv_close((uv_handle_t *)&b->timer, NULL);
+    uv_close((uv_handle_t *)&b->sweep, NULL);
     pl_confirm_stop(b->confirm);
 }
 

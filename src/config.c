@@ -12,6 +12,7 @@
 
 #include "pilotlight/config.h"
 #include "pilotlight/mem.h"
+#include "pilotlight/ring.h"
 
 typedef enum { T_U64, T_LISTEN, T_CHOICE, T_STRING, T_SECRET } setting_type;
 
@@ -103,6 +104,19 @@ static const setting settings[] = {
         "on SIGTERM, longest wait for in-flight requests before exit"),
     U64(drain_delay_ms, 0, DAY_MS, "0",
         "on SIGTERM, how long /readyz answers 503 before the listener closes"),
+    STRING(ring_peers, T_STRING, "",
+           "scale-out: the instances of a key ring, host:port as they reach each "
+           "other, separated by commas; each key is served by one (empty = no ring)"),
+    STRING(ring_dns, T_STRING, "",
+           "scale-out: a DNS name:port whose addresses are the ring's instances "
+           "(a Kubernetes headless Service), resolved again every ring_resolve_ms"),
+    STRING(ring_self, T_STRING, "",
+           "this instance as its peers reach it, host:port (one of ring_peers; "
+           "with ring_dns, empty = the name's address that is this host's)"),
+    U64(ring_check_ms, 50, 60000, "500", "how often each peer's /readyz is asked"),
+    U64(ring_check_timeout_ms, 10, 60000, "1000",
+        "a peer that leaves two checks in a row unanswered this long leaves the ring"),
+    U64(ring_resolve_ms, 100, 3600000, "5000", "how often ring_dns is resolved again"),
     CHOICE(log_level, level_names, "info", "error, warn, info or debug"),
     STRING(upgrade_binary, T_STRING, "",
            "SIGUSR2 starts this program to take over the sockets (empty = this "
@@ -515,6 +529,16 @@ static int read_secret(const char *name, const char *path, char *secret,
     return 0;
 }
 
+/* The port of ring_dns (checked already). */
+static unsigned dns_port(const pl_config *c)
+{
+    char host[PL_CONFIG_STRING_MAX];
+    uint16_t port = 0;
+
+    pl_ring_split(c->ring_dns, strlen(c->ring_dns), host, sizeof(host), &port);
+    return port;
+}
+
 /* Settings each valid alone that together cannot work: every one of these
  * would quietly end warm starts (docs/protocol.md). Returns 0, or -EINVAL
  * with the reason in <err>. */
@@ -542,6 +566,13 @@ static int refuse_senseless(const pl_config *c, char *err, size_t errlen)
                  "run's whole DequeuedMessage (a small run's is about 1,250 bytes), so "
                  "every one would be refused 413 and its run cold-started",
                  (unsigned long long)c->max_body_bytes, DISPATCH_BODY_MIN);
+    else if (pl_ring_check_config(c->ring_peers, c->ring_dns, c->ring_self, err, errlen) != 0)
+        return -EINVAL;
+    else if (c->ring_dns[0] != '\0' && c->ring_self[0] == '\0' &&
+             dns_port(c) != c->listen.port)
+        snprintf(err, errlen, "ring_dns: its port is not listen's (%u), so this instance "
+                 "cannot find itself among the name's addresses: set ring_self",
+                 (unsigned)c->listen.port);
     else
         return 0;
     return -EINVAL;

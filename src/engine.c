@@ -156,7 +156,7 @@ const char *pl_outcome_name(pl_outcome o)
 {
     static const char *const names[PL_OUTCOME__COUNT] = {
         "matched", "timeout", "disconnect", "replaced", "shutdown", "rejected",
-        "handed_over", "revoked", "aborted",
+        "handed_over", "revoked", "aborted", "moved",
     };
     return (unsigned)o < PL_OUTCOME__COUNT ? names[o] : "unknown";
 }
@@ -608,10 +608,10 @@ static void waiter_info(const pl_waiter *w, pl_waiter_info *info)
     info->held = held(w);
 }
 
-size_t pl_engine_revoke(pl_engine *e,
-                        int (*judge)(const pl_waiter_info *info, unsigned *tag,
-                                     const void **why, void *arg),
-                        void *arg)
+size_t pl_engine_settle_if(pl_engine *e, pl_outcome outcome,
+                           int (*judge)(const pl_waiter_info *info, unsigned *tag,
+                                        const void **why, void *arg),
+                           void *arg)
 {
     pl_waiter *w, *next;
     size_t n = 0;
@@ -627,7 +627,7 @@ size_t pl_engine_revoke(pl_engine *e,
         waiter_info(w, &info);
         tag = info.tag;
         if (judge(&info, &tag, &why, arg)) {
-            settle(e, w, PL_OUTCOME_REVOKED, why, 1);
+            settle(e, w, outcome, why, 1);
             n++;
         } else {
             pl_engine_set_tag(w, tag);

@@ -383,8 +383,11 @@ void pl_h1_request(const pl_h1 *h, pl_request *req)
         req->path_len -= skip;
     }
     q = memchr(req->path, '?', req->path_len);
-    if (q)
+    if (q) {
+        req->query = q + 1;
+        req->query_len = req->path_len - (size_t)(q + 1 - req->path);
         req->path_len = (size_t)(q - req->path);
+    }
     for (int i = 0; i < PL_HDR__COUNT; i++) {
         if (h->seen & (1u << i)) {
             req->header[i] = h->arena.data + h->hdr_off[i];

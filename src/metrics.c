@@ -154,6 +154,34 @@ static void emit_process(out_t *o, const pl_proc_stats *p)
          p->start_time_seconds);
 }
 
+/* The key ring's metrics, when there is one. */
+static void emit_ring(out_t *o, const pl_metrics *m)
+{
+    static const char *const routes[2] = {"poll", "dispatch"};
+
+    emit(o, "# HELP pilotlight_ring_members Instances of the key ring as this one sees "
+            "it, itself included (0 once it has left to drain).\n"
+            "# TYPE pilotlight_ring_members gauge\n"
+            "pilotlight_ring_members %llu\n"
+            "# HELP pilotlight_ring_changes_total Times this instance's view of the ring "
+            "changed.\n"
+            "# TYPE pilotlight_ring_changes_total counter\n"
+            "pilotlight_ring_changes_total %llu\n",
+         (unsigned long long)m->ring_members, (unsigned long long)m->ring_changes);
+    emit(o, "# HELP pilotlight_ring_redirects_total Requests answered 307 to the "
+            "instance that owns their key.\n"
+            "# TYPE pilotlight_ring_redirects_total counter\n");
+    for (int i = 0; i < 2; i++)
+        emit(o, "pilotlight_ring_redirects_total{route=\"%s\"} %llu\n", routes[i],
+             (unsigned long long)m->ring_redirects[i]);
+    emit(o, "# HELP pilotlight_ring_hop_served_total Redirected requests served here "
+            "although another instance owns their key (views of the ring disagreed).\n"
+            "# TYPE pilotlight_ring_hop_served_total counter\n");
+    for (int i = 0; i < 2; i++)
+        emit(o, "pilotlight_ring_hop_served_total{route=\"%s\"} %llu\n", routes[i],
+             (unsigned long long)m->ring_hop_served[i]);
+}
+
 size_t pl_metrics_render(const pl_metrics *m, const pl_ledger *l, size_t keys,
                          char *buf, size_t cap)
 {
@@ -264,6 +292,8 @@ size_t pl_metrics_render(const pl_metrics *m, const pl_ledger *l, size_t keys,
          (unsigned long long)m->confirm_probes, (unsigned long long)m->confirm_skipped);
     emit_histogram(&o, "pilotlight_confirm_ack_seconds",
                    "Time from writing a payload to its ACK report.", &m->confirm_ack_seconds);
+    if (m->ring_on)
+        emit_ring(&o, m);
     emit_pools(&o);
     if (m->proc_ok)
         emit_process(&o, &m->proc);

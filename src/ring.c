@@ -1,5 +1,6 @@
 /* ring.c -- a key's owner among the instances: rendezvous hashing. */
 #include <errno.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "pilotlight/ring.h"
@@ -109,4 +110,123 @@ size_t pl_ring_owner(const pl_ring *r, uint64_t kh)
         }
     }
     return best;
+}
+
+int pl_ring_split(const char *s, size_t len, char *host, size_t cap, uint16_t *port)
+{
+    const char *colon = NULL, *h = s;
+    size_t hlen;
+    unsigned long v = 0;
+
+    if (len > 0 && s[0] == '[') {
+        const char *close = memchr(s, ']', len);
+        if (close == NULL || close + 1 >= s + len || close[1] != ':')
+            return -EINVAL;
+        h = s + 1;
+        hlen = (size_t)(close - h);
+        colon = close + 1;
+    } else {
+        colon = memchr(s, ':', len);
+        if (colon == NULL || memchr(colon + 1, ':', len - (size_t)(colon + 1 - s)) != NULL)
+            return -EINVAL; /* none, or an IPv6 host without its brackets */
+        hlen = (size_t)(colon - s);
+    }
+    if (hlen == 0 || hlen >= cap || colon + 1 == s + len || len - (size_t)(colon + 1 - s) > 5)
+        return -EINVAL;
+    for (const char *q = colon + 1; q < s + len; q++)
+        if (*q < '0' || *q > '9' || (v = v * 10 + (unsigned long)(*q - '0')) > 65535)
+            return -EINVAL;
+    for (size_t i = 0; i < hlen; i++)
+        if ((unsigned char)h[i] <= ' ' || (unsigned char)h[i] >= 0x7f ||
+            strchr("/?#@[]", h[i]) != NULL)
+            return -EINVAL;
+    if (v == 0)
+        return -EINVAL;
+    memcpy(host, h, hlen);
+    host[hlen] = '\0';
+    *port = (uint16_t)v;
+    return 0;
+}
+
+size_t pl_ring_each_name(const char *list, void (*fn)(const char *s, size_t len, void *arg),
+                         void *arg)
+{
+    size_t n = 0;
+
+    for (const char *s = list + strspn(list, ", "); *s != '\0'; s += strspn(s, ", ")) {
+        size_t len = strcspn(s, ", ");
+        fn(s, len, arg);
+        s += len;
+        n++;
+    }
+    return n;
+}
+
+typedef struct {
+    const char *self;
+    const char *bad; /* the first name that is not one */
+    size_t bad_len, count;
+    int self_seen;
+} names_check;
+
+static void check_name(const char *s, size_t len, void *arg)
+{
+    names_check *c = arg;
+    char host[PL_RING_NAME_MAX];
+    uint16_t port;
+
+    if (c->bad == NULL && (len >= PL_RING_NAME_MAX ||
+                           pl_ring_split(s, len, host, sizeof(host), &port) != 0)) {
+        c->bad = s;
+        c->bad_len = len;
+    }
+    if (strlen(c->self) == len && memcmp(c->self, s, len) == 0)
+        c->self_seen = 1;
+    c->count++;
+}
+
+int pl_ring_check_config(const char *peers, const char *dns, const char *self, char *err,
+                         size_t errlen)
+{
+    names_check c = {self, NULL, 0, 0, 0};
+    char host[PL_RING_NAME_MAX];
+    uint16_t port;
+
+    if (peers[0] != '\0' && dns[0] != '\0') {
+        snprintf(err, errlen, "ring_peers and ring_dns: a ring takes one or the other");
+        return -EINVAL;
+    }
+    if (self[0] != '\0' && (strlen(self) >= PL_RING_NAME_MAX ||
+                            pl_ring_split(self, strlen(self), host, sizeof(host), &port) != 0)) {
+        snprintf(err, errlen, "ring_self: \"%.80s\" is not host:port", self);
+        return -EINVAL;
+    }
+    if (dns[0] != '\0' && (strlen(dns) >= PL_RING_NAME_MAX ||
+                           pl_ring_split(dns, strlen(dns), host, sizeof(host), &port) != 0)) {
+        snprintf(err, errlen, "ring_dns: \"%.80s\" is not name:port", dns);
+        return -EINVAL;
+    }
+    if (peers[0] == '\0') {
+        if (self[0] != '\0' && dns[0] == '\0') {
+            snprintf(err, errlen, "ring_self is set but neither ring_peers nor ring_dns");
+            return -EINVAL;
+        }
+        return 0;
+    }
+    pl_ring_each_name(peers, check_name, &c);
+    if (c.bad != NULL) {
+        snprintf(err, errlen, "ring_peers: \"%.*s\" is not host:port",
+                 (int)(c.bad_len > 80 ? 80 : c.bad_len), c.bad);
+        return -EINVAL;
+    }
+    if (c.count > PL_RING_MEMBERS_MAX) {
+        snprintf(err, errlen, "ring_peers: more than %d members", PL_RING_MEMBERS_MAX);
+        return -EINVAL;
+    }
+    if (!c.self_seen) {
+        snprintf(err, errlen, "ring_self (this instance as its peers reach it) must be one "
+                              "of ring_peers");
+        return -EINVAL;
+    }
+    return 0;
 }

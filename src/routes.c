@@ -2,12 +2,14 @@
  * bearer token), and the small endpoints. */
 #include <string.h>
 #include <strings.h>
+#include <time.h>
 
 #include <cJSON.h>
 #include <llhttp.h>
 #include <openssl/crypto.h>
 
 #include "pilotlight/broker.h"
+#include "pilotlight/cluster.h"
 #include "pilotlight/routes.h"
 
 /* /debug/waiters lists at most this many keys. */
@@ -102,6 +104,19 @@ static int bearer_ok(const pl_config *cfg, const pl_request *req)
     return CRYPTO_memcmp(got + 7, want, wlen) == 0;
 }
 
+/* A dispatch redirected by another instance of the ring comes without its
+ * Authorization header (a client drops it on a redirect to another host),
+ * signed instead: the redirect carries a signature of its body under the
+ * same token. */
+static int redirect_signed(const pl_config *cfg, const pl_request *req, const char *path)
+{
+    pl_hop hop;
+
+    return req->query != NULL && pl_cluster_read_hop(req->query, req->query_len, &hop) == 0 &&
+           pl_cluster_hop_signed(&hop, cfg->dispatch_token, path, req->body, req->body_len,
+                                 (uint64_t)time(NULL));
+}
+
 static void reply_405(pl_conn *c, const pl_request *req)
 {
     int post = 0;
@@ -130,7 +145,8 @@ void pl_routes_on_request(void *app, pl_conn *c, const pl_request *req)
         pl_conn_set_tag(c, r->tag);
         if (!(r->serves & v->serves))
             pl_conn_respond_error(c, 403, "not served on this listener");
-        else if (r->bearer && cfg->dispatch_token[0] != '\0' && !bearer_ok(cfg, req))
+        else if (r->bearer && cfg->dispatch_token[0] != '\0' && !bearer_ok(cfg, req) &&
+                 !redirect_signed(cfg, req, r->path))
             pl_conn_respond(c, 401, "application/json", "WWW-Authenticate: Bearer\r\n",
                             "{\"error\":\"missing or wrong bearer token\"}", 41);
         else

@@ -19,6 +19,7 @@
 #include "pilotlight/log.h"
 #include "pilotlight/mem.h"
 #include "pilotlight/notify.h"
+#include "pilotlight/peers.h"
 #include "pilotlight/pool.h"
 #include "pilotlight/reclaim.h"
 #include "pilotlight/routes.h"
@@ -42,6 +43,7 @@ typedef struct {
     int draining_https;     /* listeners not yet drained */
     unsigned serves[2];     /* PL_SERVE_* of http and dispatch_http */
     pl_upgrade *up;         /* a binary upgrade in progress, or NULL */
+    pl_peers *peers;        /* the key ring's members, or NULL */
     char exe[PATH_MAX];     /* this binary, as resolved at start */
     uv_signal_t sigterm, sigint, sighup, sigusr2;
     uv_timer_t drain_timer; /* drain delay, then the shutdown deadline */
@@ -60,6 +62,7 @@ static void on_drained(void *arg)
     if (s->dispatch_http)
         pl_http_stop(s->dispatch_http);
     pl_broker_stop(s->broker);
+    pl_peers_stop(s->peers);
     pl_lag_stop(s->lag);
     pl_reclaim_stop();
     uv_close((uv_handle_t *)&s->sigterm, NULL);
@@ -112,6 +115,9 @@ static void on_signal(uv_signal_t *sig, int signum)
         return;
     }
     PL_LOG(PL_LOG_INFO, "draining", "\"signal\":\"%s\"", signum == SIGTERM ? "SIGTERM" : "SIGINT");
+    /* Out of the ring first: its parked polls are sent to their keys' new
+     * owners now, and what still reaches it goes there too. */
+    pl_peers_leave(s->peers);
     pl_broker_set_draining(s->broker);
     if (s->cfg->drain_delay_ms > 0) {
         s->phase = DELAYING;
@@ -253,6 +259,20 @@ static void keep_fixed(const pl_config *cur, pl_config *next)
                "to change them)", NULL);
     next->listen = cur->listen;
     next->dispatch_listen = cur->dispatch_listen;
+    if (strcmp(cur->ring_peers, next->ring_peers) != 0 ||
+        strcmp(cur->ring_dns, next->ring_dns) != 0 ||
+        strcmp(cur->ring_self, next->ring_self) != 0 ||
+        cur->ring_check_ms != next->ring_check_ms ||
+        cur->ring_check_timeout_ms != next->ring_check_timeout_ms ||
+        cur->ring_resolve_ms != next->ring_resolve_ms)
+        PL_LOG(PL_LOG_WARN, "ring settings cannot change live: kept (restart or upgrade to "
+               "change them)", NULL);
+    memcpy(next->ring_peers, cur->ring_peers, sizeof(cur->ring_peers));
+    memcpy(next->ring_dns, cur->ring_dns, sizeof(cur->ring_dns));
+    memcpy(next->ring_self, cur->ring_self, sizeof(cur->ring_self));
+    next->ring_check_ms = cur->ring_check_ms;
+    next->ring_check_timeout_ms = cur->ring_check_timeout_ms;
+    next->ring_resolve_ms = cur->ring_resolve_ms;
 }
 
 /* SIGHUP: the configuration is read again from where it came from at start
@@ -411,6 +431,37 @@ static int adopt(server *s, const char *fdvar)
     return rc;
 }
 
+static void on_ring(void *arg, const pl_ring *ring, int self)
+{
+    pl_broker_ring_changed(arg, ring, self);
+}
+
+/* Joins the key ring, when one is configured: listening already, so the
+ * peers that check this instance find it serving. */
+static int start_peers(server *s)
+{
+    const pl_config *cfg = s->cfg;
+    pl_peers_opts o = {
+        .list = cfg->ring_peers,
+        .dns = cfg->ring_dns,
+        .self = cfg->ring_self,
+        .self_port = cfg->listen.port,
+        .check_ms = cfg->ring_check_ms,
+        .timeout_ms = cfg->ring_check_timeout_ms,
+        .resolve_ms = cfg->ring_resolve_ms,
+    };
+    char err[256];
+
+    if (cfg->ring_peers[0] == '\0' && cfg->ring_dns[0] == '\0')
+        return 0;
+    s->peers = pl_peers_start(&s->loop, &o, on_ring, s->broker, err, sizeof(err));
+    if (s->peers == NULL) {
+        PL_LOG(PL_LOG_ERROR, "cannot join the ring", "\"error\":\"%s\"", err);
+        return -EINVAL;
+    }
+    return 0;
+}
+
 static int start(server *s)
 {
     const pl_config *cfg = s->cfg;
@@ -455,6 +506,8 @@ static int start(server *s)
             return rc;
         pl_notify("READY=1");
     }
+    if ((rc = start_peers(s)) != 0)
+        return rc;
     PL_LOG(PL_LOG_DEBUG, "sizes", "\"connection_bytes\":%zu,\"waiter_bytes\":%zu",
            pl_conn_size(), pl_engine_waiter_size(0));
     return 0;
@@ -493,6 +546,7 @@ int pl_server_run(pl_config *cfg, int argc, char **argv, char **envp)
     pl_http_free(s.http);
     pl_http_free(s.dispatch_http);
     pl_broker_free(s.broker);
+    pl_peers_free(s.peers);
     pl_lag_free(s.lag);
     /* Pooled objects are out of the leak checkers' sight: one still handed
      * out now is a leak, and fails the run as valgrind would. */

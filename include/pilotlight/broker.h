@@ -11,6 +11,7 @@
 #include "pilotlight/config.h"
 #include "pilotlight/http.h"
 #include "pilotlight/metrics.h"
+#include "pilotlight/ring.h"
 
 typedef struct pl_broker pl_broker;
 
@@ -43,6 +44,12 @@ void pl_broker_park(pl_broker *b, pl_conn *c, const pl_request *req);
 /* POST /warm-start: hands the run to a parked poll of its key, and answers
  * didWarmStart (delivery = confirm: once it is known). */
 void pl_broker_dispatch(pl_broker *b, pl_conn *c, const pl_request *req);
+
+/* The key ring changed (peers.h): from now on requests for keys another
+ * member owns are redirected there (307), and the polls parked here for
+ * them are sent there at once (outcome MOVED). <self> is this instance's
+ * index in <ring>, -1 once it has left (it drains: it owns nothing). */
+void pl_broker_ring_changed(pl_broker *b, const pl_ring *ring, int self);
 
 /* What the small endpoints serve: /connect's body (<len> bytes), whether
  * the server drains (/readyz), /metrics as text (its length, 0 when it

@@ -50,6 +50,12 @@ typedef struct {
     char token_secret_previous[PL_CONFIG_STRING_MAX];      /* rotation; never printed */
     char token_secret_previous_file[PL_CONFIG_STRING_MAX]; /* read into the above */
     char upgrade_binary[PL_CONFIG_STRING_MAX];    /* SIGUSR2 runs it; "" = our own */
+    char ring_peers[PL_CONFIG_STRING_MAX];        /* "host:port,..."; "" = no list */
+    char ring_dns[PL_CONFIG_STRING_MAX];          /* "name:port"; "" = no name */
+    char ring_self[PL_CONFIG_STRING_MAX];         /* this instance, "host:port" */
+    uint64_t ring_check_ms;
+    uint64_t ring_check_timeout_ms;
+    uint64_t ring_resolve_ms;
     uint64_t upgrade_step_timeout_ms; /* each step of the new process, at most */
     int log_level;            /* pl_log_level */
 } pl_config;

@@ -28,6 +28,8 @@ typedef enum {
     PL_OUTCOME_REVOKED,     /* a reload's token rules no longer admit it */
     PL_OUTCOME_ABORTED,     /* matched, but the broker gave up on its delivery
                              * and reset the connection (delivery = confirm) */
+    PL_OUTCOME_MOVED,       /* its key went to another instance of the ring
+                             * (answered 307 to the new owner) */
     PL_OUTCOME__COUNT
 } pl_outcome;
 
@@ -36,8 +38,8 @@ typedef enum { PL_ORDER_FIFO = 0, PL_ORDER_LIFO } pl_order;
 /* Called exactly once per waiter, from inside the engine, once the waiter
  * has left every queue. <owner> is what was given to pl_engine_park(). <arg>
  * is the payload for PL_OUTCOME_MATCHED, a reason string for
- * PL_OUTCOME_REJECTED, what pl_engine_revoke()'s judge gave for
- * PL_OUTCOME_REVOKED, NULL otherwise. For MATCHED the callback returns 0 if
+ * PL_OUTCOME_REJECTED, what pl_engine_settle_if()'s judge gave for the
+ * outcome it settles with, NULL otherwise. For MATCHED the callback returns 0 if
  * the payload was handed to a live client, PL_SETTLE_PENDING if it was
  * written but its delivery is still to be confirmed (the waiter then stays
  * counted as parked, out of every queue, until pl_engine_confirm()), and
@@ -134,14 +136,15 @@ void pl_engine_set_opts(pl_engine *e, const pl_engine_opts *opts);
 size_t pl_engine_enforce_caps(pl_engine *e);
 
 /* Calls <judge> for every parked waiter not held, oldest first, with its
- * tag in *tag. A nonzero answer settles it PL_OUTCOME_REVOKED, the
- * callback's <arg> being what <judge> left in *why (NULL to start with);
- * otherwise the waiter keeps *tag as its tag. <judge> must not change the
- * engine. Returns how many were revoked. */
-size_t pl_engine_revoke(pl_engine *e,
-                        int (*judge)(const pl_waiter_info *info, unsigned *tag,
-                                     const void **why, void *arg),
-                        void *arg);
+ * tag in *tag. A nonzero answer settles it with <outcome> (REVOKED: a
+ * reload's rules; MOVED: the ring), the callback's <arg> being what
+ * <judge> left in *why (NULL to start with); otherwise the waiter keeps
+ * *tag as its tag. <judge> must not change the engine. Returns how many
+ * were settled. */
+size_t pl_engine_settle_if(pl_engine *e, pl_outcome outcome,
+                           int (*judge)(const pl_waiter_info *info, unsigned *tag,
+                                        const void **why, void *arg),
+                           void *arg);
 
 /* Marks <w> as its owner's: 7 bits (0-127) kept in the waiter and read back
  * in pl_waiter_info. The engine gives them no meaning. */

@@ -29,6 +29,8 @@ typedef struct {
     int method; /* llhttp_method_t */
     const char *path; /* without scheme, authority or query */
     size_t path_len;
+    const char *query; /* after the '?', without it; NULL when none */
+    size_t query_len;
     const char *header[PL_HDR__COUNT]; /* NULL when absent */
     size_t header_len[PL_HDR__COUNT];
     const char *body;

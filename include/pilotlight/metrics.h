@@ -92,6 +92,12 @@ typedef struct {
     uint64_t confirm_probes;       /* parked polls probed: a delivery was late */
     uint64_t confirm_skipped;      /* polls passed over: their probe unanswered */
     pl_histogram confirm_ack_seconds; /* payload written to ACK report */
+    int ring_on;                   /* a key ring is configured */
+    uint64_t ring_members;         /* in this instance's view, itself included */
+    uint64_t ring_changes;         /* times the view changed */
+    uint64_t ring_redirects[2];    /* answered 307: polls, dispatches */
+    uint64_t ring_hop_served[2];   /* redirected here, served though another
+                                    * instance owns the key: polls, dispatches */
 } pl_metrics;
 
 void pl_metrics_init(pl_metrics *m);

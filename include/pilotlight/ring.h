@@ -51,4 +51,22 @@ uint64_t pl_ring_key_hash(const pl_key *k);
  * that ranks it highest. <r> must have a member. */
 size_t pl_ring_owner(const pl_ring *r, uint64_t kh);
 
+/* Splits a member's name "host:port" (an IPv6 host in [], <len> bytes)
+ * into <host> (NUL-terminated, without brackets, <cap> bytes) and *port.
+ * The host may be a DNS name; it becomes part of a URL, so it holds no
+ * space, control byte, '/', '?', '#' or '@'. Returns 0, or -EINVAL. */
+int pl_ring_split(const char *s, size_t len, char *host, size_t cap, uint16_t *port);
+
+/* Calls <fn> for each name of <list> (names separated by commas or
+ * spaces), with its length. Returns how many. */
+size_t pl_ring_each_name(const char *list, void (*fn)(const char *s, size_t len, void *arg),
+                         void *arg);
+
+/* Checks the ring's settings: <peers> (a list of names) or <dns> ("name:
+ * port"), not both, and <self> ("host:port"), which must be one of <peers>
+ * when they are given. All empty: no ring. Returns 0, or -EINVAL with a
+ * message naming the setting in <err>. */
+int pl_ring_check_config(const char *peers, const char *dns, const char *self, char *err,
+                         size_t errlen);
+
 #endif

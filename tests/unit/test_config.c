@@ -459,6 +459,14 @@ static void test_senseless_combinations(void)
         {{"--max-header-bytes", "1024"}, NULL},
         {{"--max-body-bytes", "0"}, "max_body_bytes = 0 is below 1024"},
         {{"--max-body-bytes", "1024"}, NULL},
+        {{"--ring-peers", "10.0.0.1:8080,10.0.0.2:8080", "--ring-self", "10.0.0.2:8080"}, NULL},
+        {{"--ring-peers", "10.0.0.1:8080,10.0.0.2:8080"}, "must be one of ring_peers"},
+        {{"--ring-peers", "10.0.0.1:8080,10.0.0.2"}, "\"10.0.0.2\" is not host:port"},
+        {{"--ring-dns", "pilotlight.ns.svc:8080"}, NULL},
+        {{"--ring-dns", "pilotlight.ns.svc:9090"}, "its port is not listen's (8080)"},
+        {{"--ring-dns", "pilotlight.ns.svc:9090", "--ring-self", "10.0.0.1:9090"}, NULL},
+        {{"--ring-dns", "n:8080", "--ring-peers", "10.0.0.1:8080"}, "one or the other"},
+        {{"--ring-self", "10.0.0.1:8080"}, "neither ring_peers nor ring_dns"},
     };
 
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {

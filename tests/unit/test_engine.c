@@ -1317,7 +1317,7 @@ static int model_run(uint64_t seed, pl_order order, uint32_t max,
         } else if (op == 5) {
             size_t n;
             m_bad_tag = rnd(4);
-            n = pl_engine_revoke(e, judge_tag, NULL); /* judged on the tags before */
+            n = pl_engine_settle_if(e, PL_OUTCOME_REVOKED, judge_tag, NULL); /* judged on the tags before */
             m_revoke(&m);
             CHECK_EQ(n, m.nwant);
         } else if (op == 6) {
@@ -1763,7 +1763,7 @@ static void test_hold_for_a_hand_over(void)
     pl_engine_set_opts(e, &(pl_engine_opts){PL_ORDER_LIFO, 1, 1, 100, settle_cb});
     CHECK_EQ(pl_engine_enforce_caps(e), 1);
     CHECK(a2.calls == 1 && a2.outcome == PL_OUTCOME_REJECTED && a.calls == 0);
-    CHECK_EQ(pl_engine_revoke(e, judge_tag, NULL), 0);
+    CHECK_EQ(pl_engine_settle_if(e, PL_OUTCOME_REVOKED, judge_tag, NULL), 0);
     CHECK_EQ(pl_engine_next_deadline(e, &due), -ENOENT);
     /* released: its deadline (passed) and its place come back */
     pl_engine_hold(e, a.w, 0);

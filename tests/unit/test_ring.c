@@ -124,11 +124,82 @@ static void test_spread_and_moves(void)
         CHECK(count[i] > KEYS / 5 - KEYS / 50 && count[i] < KEYS / 5 + KEYS / 50);
 }
 
+/* Names as a URL carries them: host:port, an IPv6 host in brackets; no
+ * byte that would change the URL a redirect names. */
+static void test_split(void)
+{
+    static const char *bad[] = {
+        "", "host", "host:", ":80", "host:0", "host:65536", "host:123456", "::1:80",
+        "[::1]", "[::1]80", "h/st:80", "h?st:80", "h@st:80", "h st:80", "host:8a",
+        "[::1:80", "ho\x01st:80",
+    };
+    char host[PL_RING_NAME_MAX];
+    uint16_t port;
+
+    CHECK_EQ(pl_ring_split("10.0.0.7:8080", 13, host, sizeof(host), &port), 0);
+    CHECK_STR(host, "10.0.0.7");
+    CHECK_EQ(port, 8080);
+    CHECK_EQ(pl_ring_split("[fd00::7]:80", 12, host, sizeof(host), &port), 0);
+    CHECK_STR(host, "fd00::7");
+    CHECK_EQ(port, 80);
+    CHECK_EQ(pl_ring_split("pilotlight-0.pilotlight:8080", 28, host, sizeof(host), &port), 0);
+    CHECK_STR(host, "pilotlight-0.pilotlight");
+    CHECK_EQ(pl_ring_split("10.0.0.7:8080", 13, host, 8, &port), -EINVAL); /* no room */
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        int rc = pl_ring_split(bad[i], strlen(bad[i]), host, sizeof(host), &port);
+        if (rc != -EINVAL)
+            fprintf(stderr, "  accepted \"%s\"\n", bad[i]);
+        CHECK_EQ(rc, -EINVAL);
+    }
+}
+
+static void count_name(const char *s, size_t len, void *arg)
+{
+    char *out = arg;
+
+    strncat(out, s, len);
+    strcat(out, "|");
+}
+
+/* The settings: a list or a name, and this instance among the list. */
+static void test_check_config(void)
+{
+    char err[256], seen[128] = "";
+
+    CHECK_EQ(pl_ring_each_name(" a:1,b:2 ,, c:3", count_name, seen), 3);
+    CHECK_STR(seen, "a:1|b:2|c:3|");
+    CHECK_EQ(pl_ring_check_config("", "", "", err, sizeof(err)), 0); /* no ring */
+    CHECK_EQ(pl_ring_check_config("a:1,b:1", "", "b:1", err, sizeof(err)), 0);
+    CHECK_EQ(pl_ring_check_config("", "peers.svc:8080", "", err, sizeof(err)), 0);
+    CHECK_EQ(pl_ring_check_config("", "peers.svc:8080", "10.0.0.1:8080", err, sizeof(err)), 0);
+    CHECK_EQ(pl_ring_check_config("a:1,b:1", "", "c:1", err, sizeof(err)), -EINVAL);
+    CHECK(strstr(err, "ring_self") != NULL);
+    CHECK_EQ(pl_ring_check_config("a:1,b:1", "", "", err, sizeof(err)), -EINVAL);
+    CHECK_EQ(pl_ring_check_config("a:1,b", "", "a:1", err, sizeof(err)), -EINVAL);
+    CHECK(strstr(err, "ring_peers") != NULL && strstr(err, "\"b\"") != NULL);
+    CHECK_EQ(pl_ring_check_config("a:1", "n:1", "a:1", err, sizeof(err)), -EINVAL);
+    CHECK_EQ(pl_ring_check_config("", "n", "", err, sizeof(err)), -EINVAL);
+    CHECK(strstr(err, "ring_dns") != NULL);
+    CHECK_EQ(pl_ring_check_config("", "", "a:1", err, sizeof(err)), -EINVAL);
+    CHECK_EQ(pl_ring_check_config("", "n:1", "a", err, sizeof(err)), -EINVAL);
+    {
+        char many[PL_RING_MEMBERS_MAX * 16 + 16] = "", one[16];
+        for (int i = 0; i <= PL_RING_MEMBERS_MAX; i++) {
+            snprintf(one, sizeof(one), "%sh%d:1", i ? "," : "", i);
+            strcat(many, one);
+        }
+        CHECK_EQ(pl_ring_check_config(many, "", "h0:1", err, sizeof(err)), -EINVAL);
+        CHECK(strstr(err, "more than") != NULL);
+    }
+}
+
 int main(void)
 {
     RUN(test_members);
     RUN(test_order_does_not_matter);
     RUN(test_equal_keys_agree);
     RUN(test_spread_and_moves);
+    RUN(test_split);
+    RUN(test_check_config);
     return unit_finish();
 }

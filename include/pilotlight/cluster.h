@@ -1,0 +1,82 @@
+/* cluster.h -- the key ring at work: whether a request for a key is served
+ * here or sent to the instance that owns the key, the redirect that sends
+ * it, and the mark a redirected request comes back with.
+ *
+ * No I/O: the broker asks, peers.h says who the members are. A redirected
+ * request carries its hop count in its query (pl_hop=N), which a client
+ * following a 307 keeps: an instance that gets a request already
+ * redirected serves it rather than send it on while views of the ring
+ * disagree, so no request bounces. A redirected dispatch also carries a
+ * signature of its body under the dispatch token (pl_exp, pl_sig), as a
+ * client drops its Authorization header on a redirect to another host. */
+#ifndef PILOTLIGHT_CLUSTER_H
+#define PILOTLIGHT_CLUSTER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pilotlight/key.h"
+#include "pilotlight/ring.h"
+
+/* A request redirected this often is served wherever it lands. */
+#define PL_CLUSTER_HOPS_MAX 2
+
+/* How long a redirected dispatch's signature holds, in seconds. */
+#define PL_CLUSTER_SIG_TTL_S 30
+
+/* Longest Location header line pl_cluster_location() writes. */
+#define PL_CLUSTER_LOCATION_MAX 256
+
+typedef struct {
+    pl_ring ring;
+    int self; /* this instance's index in ring; -1 once it has left */
+    int on;   /* a ring is configured: without one, everything is served here */
+} pl_cluster;
+
+/* What a request's query says of its redirects. */
+typedef struct {
+    unsigned hops;       /* pl_hop: times it was redirected (0: never) */
+    uint64_t exp;        /* pl_exp: when its signature ends, epoch seconds */
+    const char *sig;     /* pl_sig: 64 hex digits, or NULL */
+} pl_hop;
+
+/* No ring: every request is served here. */
+void pl_cluster_init(pl_cluster *cl);
+
+/* Reads pl_hop, pl_exp and pl_sig from <query> (<len> bytes; NULL is an
+ * empty query); other parameters are left alone. Returns 0, or -EINVAL
+ * when one of those is malformed (then *out is as without them). */
+int pl_cluster_read_hop(const char *query, size_t len, pl_hop *out);
+
+/* Where a request for <key> that has been redirected <hops> times goes:
+ * -1 to serve it here, or the ring index of the instance to redirect it
+ * to. Served here: without a ring or members; when this instance owns the
+ * key; and, so that nothing bounces, when the request has been redirected
+ * already, unless this instance has left the ring and it was only once
+ * (a draining instance sends on what reached it late). *foreign is set to
+ * 1 when it is served here although another instance owns the key. */
+int pl_cluster_route(const pl_cluster *cl, const pl_key *key, unsigned hops, int *foreign);
+
+/* Whether <key> is this instance's now (always, without a ring). */
+int pl_cluster_owns(const pl_cluster *cl, const pl_key *key);
+
+/* The ring index of <key>'s owner; the ring must have a member. */
+size_t pl_cluster_owner(const pl_cluster *cl, const pl_key *key);
+
+/* Writes the header line "Location: http://OWNER<path>?pl_hop=<hops + 1>"
+ * and CRLF into <out> (PL_CLUSTER_LOCATION_MAX bytes), OWNER being member
+ * <owner>'s "host:port", or its host with <port> when <port> is not 0 (a
+ * dispatch on a listener of its own, at the same port on every instance).
+ * With a non-empty <secret>, adds pl_exp (<now_s> plus the TTL) and pl_sig
+ * over that expiry, <path> and <body>. Returns the line's length, or
+ * -ENOSPC. */
+int pl_cluster_location(char *out, const char *owner, uint16_t port, const char *path,
+                        unsigned hops, const char *secret, const char *body, size_t body_len,
+                        uint64_t now_s);
+
+/* Whether <h> holds <secret>'s signature over its expiry, <path> and
+ * <body>, not expired at <now_s>. */
+int pl_cluster_hop_signed(const pl_hop *h, const char *secret, const char *path,
+                          const char *body, size_t body_len, uint64_t now_s);
+
+#endif

@@ -1,0 +1,62 @@
+/* peers.h -- the key ring's members: who they are and whether each is up.
+ *
+ * The candidates come from a static list or from a DNS name resolved
+ * again every resolve_ms (a Kubernetes headless Service, a Compose service
+ * scaled to N). Every candidate but this instance is asked for its
+ * /readyz every check_ms, on a connection kept open between checks: one
+ * that answers 200 is a member; one that answers anything else (503 while
+ * it drains) or refuses the connection is out at once; one that does not
+ * answer within timeout_ms twice in a row is out. When a member's kept
+ * connection ends between checks (its process died or is draining), it is
+ * checked again at once, so a killed peer leaves the ring within a round
+ * trip rather than a check period. This instance is a member until
+ * pl_peers_leave(). Nothing is gossiped: each instance sees the others for
+ * itself, and their views agree once each has checked. */
+#ifndef PILOTLIGHT_PEERS_H
+#define PILOTLIGHT_PEERS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <uv.h>
+
+#include "pilotlight/ring.h"
+
+typedef struct pl_peers pl_peers;
+
+typedef struct {
+    const char *list;    /* "host:port,host:port,...", or "" */
+    const char *dns;     /* "name:port", or "" */
+    const char *self;    /* this instance as its peers reach it, "host:port";
+                          * "" with a DNS name: the name's address that is
+                          * one of this host's, with port self_port */
+    uint16_t self_port;  /* the port this instance listens on */
+    uint64_t check_ms;   /* how often each peer's /readyz is asked */
+    uint64_t timeout_ms; /* a check not answered within this fails */
+    uint64_t resolve_ms; /* how often the DNS name is resolved again */
+} pl_peers_opts;
+
+/* Unanswered checks in a row that take a peer out. */
+#define PL_PEERS_FAILS 2
+
+/* Called when the members changed, with the new ring (valid until the next
+ * call) and this instance's index in it (-1 after pl_peers_leave). */
+typedef void (*pl_peers_changed_fn)(void *arg, const pl_ring *ring, int self);
+
+/* Starts watching the candidates of <o> (its strings are copied). The ring
+ * starts as this instance alone, and <changed> runs as peers are found up.
+ * Returns NULL, with a message in <err>, when <o> is not usable or memory
+ * is short. */
+pl_peers *pl_peers_start(uv_loop_t *loop, const pl_peers_opts *o, pl_peers_changed_fn changed,
+                         void *arg, char *err, size_t errlen);
+
+/* This instance leaves the ring (it drains): <changed> runs at once. The
+ * checks of the others go on. */
+void pl_peers_leave(pl_peers *p);
+
+/* Stops the checks and closes every handle; the loop runs their close
+ * callbacks, then pl_peers_free() may run. NULL is fine for both. */
+void pl_peers_stop(pl_peers *p);
+void pl_peers_free(pl_peers *p);
+
+#endif

@@ -1,0 +1,165 @@
+/* cluster.c -- where a request for a key is served, and the redirect that
+ * sends it to the key's owner. */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+
+#include "pilotlight/cluster.h"
+
+void pl_cluster_init(pl_cluster *cl)
+{
+    pl_ring_init(&cl->ring);
+    cl->self = -1;
+    cl->on = 0;
+}
+
+/* The decimal value of s[0..len), at most 20 digits; -EINVAL otherwise. */
+static int read_u64(const char *s, size_t len, uint64_t *out)
+{
+    uint64_t v = 0;
+
+    if (len == 0 || len > 19)
+        return -EINVAL;
+    for (size_t i = 0; i < len; i++) {
+        if (s[i] < '0' || s[i] > '9')
+            return -EINVAL;
+        v = v * 10 + (uint64_t)(s[i] - '0');
+    }
+    *out = v;
+    return 0;
+}
+
+static int is_hex64(const char *s, size_t len)
+{
+    if (len != 64)
+        return 0;
+    for (size_t i = 0; i < len; i++)
+        if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
+            return 0;
+    return 1;
+}
+
+int pl_cluster_read_hop(const char *query, size_t len, pl_hop *out)
+{
+    const char *p = query, *end = query + len;
+    pl_hop h = {0, 0, NULL};
+    uint64_t v;
+
+    memset(out, 0, sizeof(*out));
+    while (p != NULL && p < end) {
+        const char *amp = memchr(p, '&', (size_t)(end - p)), *stop = amp ? amp : end;
+        const char *eq = memchr(p, '=', (size_t)(stop - p));
+        size_t nlen = eq ? (size_t)(eq - p) : (size_t)(stop - p);
+        const char *val = eq ? eq + 1 : stop;
+        size_t vlen = (size_t)(stop - val);
+
+        if (nlen == 6 && memcmp(p, "pl_hop", 6) == 0) {
+            if (read_u64(val, vlen, &v) != 0 || v > PL_CLUSTER_HOPS_MAX)
+                return -EINVAL;
+            h.hops = (unsigned)v;
+        } else if (nlen == 6 && memcmp(p, "pl_exp", 6) == 0) {
+            if (read_u64(val, vlen, &h.exp) != 0)
+                return -EINVAL;
+        } else if (nlen == 6 && memcmp(p, "pl_sig", 6) == 0) {
+            if (!is_hex64(val, vlen))
+                return -EINVAL;
+            h.sig = val;
+        }
+        p = amp ? amp + 1 : NULL;
+    }
+    *out = h;
+    return 0;
+}
+
+size_t pl_cluster_owner(const pl_cluster *cl, const pl_key *key)
+{
+    return pl_ring_owner(&cl->ring, pl_ring_key_hash(key));
+}
+
+int pl_cluster_owns(const pl_cluster *cl, const pl_key *key)
+{
+    if (!cl->on || cl->ring.n == 0)
+        return 1;
+    return cl->self >= 0 && pl_cluster_owner(cl, key) == (size_t)cl->self;
+}
+
+int pl_cluster_route(const pl_cluster *cl, const pl_key *key, unsigned hops, int *foreign)
+{
+    size_t owner;
+
+    *foreign = 0;
+    if (!cl->on || cl->ring.n == 0)
+        return -1;
+    owner = pl_cluster_owner(cl, key);
+    if (cl->self >= 0 && owner == (size_t)cl->self)
+        return -1;
+    if (hops >= PL_CLUSTER_HOPS_MAX || (hops > 0 && cl->self >= 0)) {
+        *foreign = 1;
+        return -1;
+    }
+    return (int)owner;
+}
+
+/* HMAC-SHA256 under <secret> of "<exp>\n<path>\n" and the SHA-256 of
+ * <body>, in lower-case hex with its NUL (65 bytes). */
+static void sign(const char *secret, uint64_t exp, const char *path, const char *body,
+                 size_t body_len, char hex[65])
+{
+    static const char digits[] = "0123456789abcdef";
+    unsigned char msg[96], mac[EVP_MAX_MD_SIZE];
+    unsigned int maclen = 0, dlen = 0;
+    int n = snprintf((char *)msg, sizeof(msg) - 32, "%llu\n%s\n", (unsigned long long)exp, path);
+
+    memset(mac, 0, sizeof(mac));
+    if (n > 0 && (size_t)n < sizeof(msg) - 32 &&
+        EVP_Digest(body, body_len, msg + n, &dlen, EVP_sha256(), NULL) == 1 && dlen == 32)
+        HMAC(EVP_sha256(), secret, (int)strlen(secret), msg, (size_t)n + 32, mac, &maclen);
+    if (maclen != 32)
+        memset(mac, 0, sizeof(mac)); /* then it matches no signature sent */
+    for (int i = 0; i < 32; i++) {
+        hex[2 * i] = digits[mac[i] >> 4];
+        hex[2 * i + 1] = digits[mac[i] & 15];
+    }
+    hex[64] = '\0';
+}
+
+int pl_cluster_location(char *out, const char *owner, uint16_t port, const char *path,
+                        unsigned hops, const char *secret, const char *body, size_t body_len,
+                        uint64_t now_s)
+{
+    const char *colon = strrchr(owner, ':');
+    int hostlen = colon ? (int)(colon - owner) : (int)strlen(owner), n;
+    char hex[65];
+
+    if (port != 0)
+        n = snprintf(out, PL_CLUSTER_LOCATION_MAX, "Location: http://%.*s:%u%s?pl_hop=%u",
+                     hostlen, owner, (unsigned)port, path, hops + 1);
+    else
+        n = snprintf(out, PL_CLUSTER_LOCATION_MAX, "Location: http://%s%s?pl_hop=%u", owner,
+                     path, hops + 1);
+    if (n > 0 && secret != NULL && secret[0] != '\0' && n < PL_CLUSTER_LOCATION_MAX) {
+        uint64_t exp = now_s + PL_CLUSTER_SIG_TTL_S;
+        sign(secret, exp, path, body, body_len, hex);
+        n += snprintf(out + n, PL_CLUSTER_LOCATION_MAX - (size_t)n, "&pl_exp=%llu&pl_sig=%s",
+                      (unsigned long long)exp, hex);
+    }
+    if (n > 0 && n < PL_CLUSTER_LOCATION_MAX)
+        n += snprintf(out + n, PL_CLUSTER_LOCATION_MAX - (size_t)n, "\r\n");
+    return n > 0 && n < PL_CLUSTER_LOCATION_MAX ? n : -ENOSPC;
+}
+
+int pl_cluster_hop_signed(const pl_hop *h, const char *secret, const char *path,
+                          const char *body, size_t body_len, uint64_t now_s)
+{
+    char hex[65];
+
+    if (h->sig == NULL || secret[0] == '\0' || h->exp < now_s ||
+        h->exp > now_s + PL_CLUSTER_SIG_TTL_S + 60) /* and not one made to last */
+        return 0;
+    sign(secret, h->exp, path, body, body_len, hex);
+    return CRYPTO_memcmp(hex, h->sig, 64) == 0;
+}

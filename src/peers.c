@@ -1,0 +1,603 @@
+/* peers.c -- the key ring's members: a list or a DNS name, each peer's
+ * /readyz asked again and again on a connection kept between checks. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "pilotlight/log.h"
+#include "pilotlight/mem.h"
+#include "pilotlight/peers.h"
+
+#define HOST_MAX 256
+
+/* One candidate member, and its check. */
+typedef struct cand {
+    struct pl_peers *p;
+    char name[PL_RING_NAME_MAX]; /* "host:port", as the ring names it */
+    char host[HOST_MAX];
+    uint16_t port;
+    unsigned up : 1;        /* a member: its last check said ready */
+    unsigned self : 1;      /* this instance: never checked */
+    unsigned seen : 1;      /* in the last DNS answer */
+    unsigned gone : 1;      /* no longer a candidate: freed once closed */
+    unsigned busy : 1;      /* a check is in flight */
+    unsigned resolving : 1; /* its host name is being looked up */
+    unsigned given_up : 1;  /* ... and the check it was for timed out */
+    unsigned open : 1;      /* its handle is open (closing included) */
+    unsigned ready : 1;     /* connected: a kept connection to ask on */
+    unsigned recheck : 1;   /* check again once the handle has closed */
+    unsigned failed;        /* checks unanswered in a row */
+    uint64_t started;       /* the check in flight began (loop ms) */
+    uint64_t lost_at;       /* its kept connection last ended (loop ms) */
+    uv_tcp_t tcp;
+    uv_connect_t connect;
+    uv_write_t write;
+    uv_getaddrinfo_t resolve;
+    size_t got;
+    char buf[512];          /* the answer so far */
+} cand;
+
+struct pl_peers {
+    uv_loop_t *loop;
+    pl_peers_opts o;
+    char list[4096], dns_host[HOST_MAX], self[PL_RING_NAME_MAX];
+    uint16_t dns_port;
+    int use_dns;
+    cand *c[PL_RING_MEMBERS_MAX];
+    size_t n;
+    int left;          /* this instance has left */
+    int stopping;
+    pl_ring ring;
+    int self_index;
+    pl_peers_changed_fn changed;
+    void *arg;
+    uv_timer_t timer;
+    uv_getaddrinfo_t dns;
+    int resolving;
+    uint64_t resolved_at;
+    int warned_self;
+};
+
+static cand *find(const pl_peers *p, const char *name, size_t len)
+{
+    for (size_t i = 0; i < p->n; i++)
+        if (strlen(p->c[i]->name) == len && memcmp(p->c[i]->name, name, len) == 0)
+            return p->c[i];
+    return NULL;
+}
+
+/* Adds the candidate <name> ("host:port", <len> bytes). Returns it, or
+ * NULL when it is malformed, too long, one too many or out of memory. */
+static cand *add(pl_peers *p, const char *name, size_t len)
+{
+    cand *c;
+
+    if (len >= PL_RING_NAME_MAX || p->n == PL_RING_MEMBERS_MAX ||
+        (c = pl_malloc(sizeof(*c))) == NULL)
+        return NULL;
+    memset(c, 0, sizeof(*c));
+    if (pl_ring_split(name, len, c->host, sizeof(c->host), &c->port) != 0) {
+        pl_free(c);
+        return NULL;
+    }
+    memcpy(c->name, name, len);
+    c->name[len] = '\0';
+    c->self = strcmp(c->name, p->self) == 0;
+    c->p = p;
+    p->c[p->n++] = c;
+    return c;
+}
+
+static void drop(pl_peers *p, cand *c)
+{
+    for (size_t i = 0; i < p->n; i++)
+        if (p->c[i] == c) {
+            p->c[i] = p->c[--p->n];
+            break;
+        }
+    pl_free(c);
+}
+
+/* The ring from this instance (unless it left) and the peers up; tells
+ * <changed> when it differs from the last one told. */
+static void rebuild(pl_peers *p)
+{
+    pl_ring next;
+    int self = -1;
+
+    pl_ring_init(&next);
+    for (size_t i = 0; i < p->n; i++)
+        if (!p->c[i]->self && p->c[i]->up && !p->c[i]->gone)
+            pl_ring_add(&next, p->c[i]->name, strlen(p->c[i]->name));
+    if (!p->left && p->self[0] != '\0') {
+        pl_ring_add(&next, p->self, strlen(p->self));
+        self = pl_ring_find(&next, p->self, strlen(p->self));
+    }
+    if (pl_ring_same(&next, &p->ring) && self == p->self_index)
+        return;
+    p->ring = next;
+    p->self_index = self;
+    PL_LOG(PL_LOG_INFO, "ring changed", "\"members\":%zu,\"self\":%d", p->ring.n, self);
+    if (!p->stopping)
+        p->changed(p->arg, &p->ring, self);
+}
+
+/* ---- one check ---- */
+
+static void check_start(pl_peers *p, cand *c, uint64_t now);
+
+static void on_closed(uv_handle_t *h)
+{
+    cand *c = h->data;
+    pl_peers *p = c->p;
+
+    c->open = c->ready = 0;
+    if (p->stopping)
+        return;
+    if (c->gone && !c->resolving) {
+        drop(p, c);
+    } else if (c->recheck) {
+        c->recheck = 0;
+        check_start(p, c, uv_now(p->loop));
+    }
+}
+
+static void close_conn(cand *c)
+{
+    c->ready = 0;
+    if (c->open && !uv_is_closing((uv_handle_t *)&c->tcp))
+        uv_close((uv_handle_t *)&c->tcp, on_closed);
+}
+
+/* Ends <c>'s check with an answer: <status> (200: ready), the connection
+ * kept for the next check when <keep>. */
+static void answered(cand *c, int status, int keep)
+{
+    int was = c->up;
+
+    c->busy = 0;
+    c->failed = 0;
+    c->up = status == 200;
+    if (!keep)
+        close_conn(c);
+    if (c->up != was)
+        rebuild(c->p);
+}
+
+/* Ends <c>'s check without an answer. <certain>: nobody listens there (a
+ * refused connection), which takes it out at once; otherwise it takes
+ * PL_PEERS_FAILS in a row. */
+static void unanswered(cand *c, int certain)
+{
+    int was = c->up;
+
+    c->busy = 0;
+    close_conn(c);
+    if (certain || ++c->failed >= PL_PEERS_FAILS)
+        c->up = 0;
+    if (c->up != was)
+        rebuild(c->p);
+}
+
+/* The kept connection ended or misbehaved: its peer may be gone, so it is
+ * checked again as soon as the handle has closed. Once a check period at
+ * most: a peer that closes every connection it accepts is not asked in a
+ * loop. Returns whether it will be. */
+static int lost(cand *c)
+{
+    uint64_t now = uv_now(c->p->loop);
+    int again = c->lost_at == 0 || now - c->lost_at >= c->p->o.check_ms;
+
+    c->lost_at = now;
+    c->recheck = (unsigned)again;
+    close_conn(c);
+    return again;
+}
+
+/* Reads the status and the end of an answer in c->buf. Returns 1 when it
+ * is complete (*status, *keep set), 0 when more is to come, -EPROTO when it
+ * is not an HTTP answer within the buffer. */
+static int parse_answer(cand *c, int *status, int *keep)
+{
+    char *end = strstr(c->buf, "\r\n\r\n"), *cl;
+    unsigned code;
+    unsigned long len = 0;
+
+    if (end == NULL)
+        return c->got >= sizeof(c->buf) - 1 ? -EPROTO : 0;
+    if (sscanf(c->buf, "HTTP/1.%*1[01] %3u", &code) != 1)
+        return -EPROTO;
+    *end = '\0';
+    cl = strcasestr(c->buf, "\r\ncontent-length:");
+    if (cl != NULL)
+        len = strtoul(cl + 17, NULL, 10);
+    *keep = strcasestr(c->buf, "\r\nconnection: close") == NULL;
+    *end = '\r';
+    if ((size_t)(end + 4 - c->buf) + len > c->got)
+        return (size_t)(end + 4 - c->buf) + len >= sizeof(c->buf) ? -EPROTO : 0;
+    *keep = *keep && (size_t)(end + 4 - c->buf) + len == c->got;
+    *status = (int)code;
+    return 1;
+}
+
+static void on_alloc(uv_handle_t *h, size_t size, uv_buf_t *buf)
+{
+    cand *c = h->data;
+
+    (void)size;
+    *buf = uv_buf_init(c->buf + c->got, (unsigned)(sizeof(c->buf) - 1 - c->got));
+}
+
+static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
+{
+    cand *c = s->data;
+    int status = 0, keep = 0, rc;
+
+    (void)buf;
+    if (n == 0)
+        return;
+    if (n < 0 || !c->busy) {
+        /* Between checks, or as a check began on it: the kept connection
+         * ended (or sent what nobody asked for). Asked again on a fresh
+         * one at once; an answer cut short is no answer. */
+        if (c->busy && c->got > 0) {
+            unanswered(c, 0);
+        } else if (c->busy) {
+            c->busy = 0;
+            if (!lost(c))
+                unanswered(c, 0);
+        } else {
+            lost(c);
+        }
+        return;
+    }
+    c->got += (size_t)n;
+    c->buf[c->got] = '\0';
+    rc = parse_answer(c, &status, &keep);
+    if (rc < 0)
+        unanswered(c, 0);
+    else if (rc > 0)
+        answered(c, status, keep);
+}
+
+static void on_written(uv_write_t *w, int status)
+{
+    cand *c = w->data;
+
+    if (status < 0 && c->busy && !c->p->stopping)
+        unanswered(c, 0);
+}
+
+static void ask(cand *c)
+{
+    static char get[] = "GET /readyz HTTP/1.1\r\nHost: pilotlight\r\n\r\n";
+    uv_buf_t b = uv_buf_init(get, sizeof(get) - 1);
+
+    c->got = 0;
+    c->write.data = c;
+    if (uv_write(&c->write, (uv_stream_t *)&c->tcp, &b, 1, on_written) != 0)
+        unanswered(c, 0);
+}
+
+static void on_connected(uv_connect_t *req, int status)
+{
+    cand *c = req->data;
+
+    if (c->p->stopping || uv_is_closing((uv_handle_t *)&c->tcp))
+        return;
+    if (status < 0) {
+        unanswered(c, status == UV_ECONNREFUSED);
+        return;
+    }
+    c->ready = 1;
+    if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) != 0)
+        unanswered(c, 0);
+    else
+        ask(c);
+}
+
+static void connect_to(cand *c, const struct sockaddr *sa)
+{
+    if (uv_tcp_init(c->p->loop, &c->tcp) != 0) {
+        unanswered(c, 0);
+        return;
+    }
+    c->tcp.data = c;
+    c->open = 1;
+    c->connect.data = c;
+    uv_tcp_nodelay(&c->tcp, 1);
+    if (uv_tcp_connect(&c->connect, &c->tcp, sa, on_connected) != 0)
+        unanswered(c, 1);
+}
+
+static void connect_addr(cand *c, const struct sockaddr *sa)
+{
+    struct sockaddr_storage ss;
+
+    memcpy(&ss, sa, sa->sa_family == AF_INET ? sizeof(struct sockaddr_in)
+                                             : sizeof(struct sockaddr_in6));
+    if (ss.ss_family == AF_INET)
+        ((struct sockaddr_in *)&ss)->sin_port = htons(c->port);
+    else
+        ((struct sockaddr_in6 *)&ss)->sin6_port = htons(c->port);
+    connect_to(c, (struct sockaddr *)&ss);
+}
+
+static void on_host(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
+{
+    cand *c = req->data;
+    pl_peers *p = c->p;
+
+    c->resolving = 0;
+    if (p->stopping) {
+        uv_freeaddrinfo(res);
+        return;
+    }
+    if (c->gone && !c->open) {
+        uv_freeaddrinfo(res);
+        drop(p, c);
+        return;
+    }
+    if (c->given_up) {
+        c->given_up = 0; /* its check already failed */
+    } else if (status == 0 && res != NULL &&
+               (res->ai_family == AF_INET || res->ai_family == AF_INET6)) {
+        connect_addr(c, res->ai_addr);
+    } else {
+        unanswered(c, 0);
+    }
+    uv_freeaddrinfo(res);
+}
+
+static void check_start(pl_peers *p, cand *c, uint64_t now)
+{
+    struct sockaddr_in6 a6;
+    struct sockaddr_in a4;
+    struct addrinfo hints;
+
+    c->busy = 1;
+    c->started = now;
+    if (c->ready) {
+        ask(c);
+    } else if (uv_ip4_addr(c->host, c->port, &a4) == 0) {
+        connect_to(c, (struct sockaddr *)&a4);
+    } else if (uv_ip6_addr(c->host, c->port, &a6) == 0) {
+        connect_to(c, (struct sockaddr *)&a6);
+    } else {
+        memset(&hints, 0, sizeof(hints));
+        hints.ai_socktype = SOCK_STREAM;
+        c->resolve.data = c;
+        if (uv_getaddrinfo(p->loop, &c->resolve, on_host, c->host, NULL, &hints) != 0)
+            unanswered(c, 0);
+        else
+            c->resolving = 1;
+    }
+}
+
+/* ---- the DNS name ---- */
+
+/* Whether <sa> is an address of one of this host's interfaces. */
+static int local_address(const struct sockaddr *sa)
+{
+    struct ifaddrs *ifs, *i;
+    int found = 0;
+
+    if (getifaddrs(&ifs) != 0)
+        return 0;
+    for (i = ifs; i != NULL && !found; i = i->ifa_next) {
+        if (i->ifa_addr == NULL || i->ifa_addr->sa_family != sa->sa_family)
+            continue;
+        if (sa->sa_family == AF_INET)
+            found = ((struct sockaddr_in *)(void *)i->ifa_addr)->sin_addr.s_addr ==
+                    ((const struct sockaddr_in *)(const void *)sa)->sin_addr.s_addr;
+        else
+            found = memcmp(&((struct sockaddr_in6 *)(void *)i->ifa_addr)->sin6_addr,
+                           &((const struct sockaddr_in6 *)(const void *)sa)->sin6_addr,
+                           16) == 0;
+    }
+    freeifaddrs(ifs);
+    return found;
+}
+
+/* "a.b.c.d:port" or "[v6]:port" of <a>, into <name>; returns its length. */
+static int name_of(const struct addrinfo *a, uint16_t port, char name[PL_RING_NAME_MAX])
+{
+    char ip[INET6_ADDRSTRLEN];
+    const void *in = a->ai_family == AF_INET
+                         ? (const void *)&((struct sockaddr_in *)(void *)a->ai_addr)->sin_addr
+                         : (const void *)&((struct sockaddr_in6 *)(void *)a->ai_addr)->sin6_addr;
+
+    if (inet_ntop(a->ai_family, in, ip, sizeof(ip)) == NULL)
+        return -EINVAL;
+    return snprintf(name, PL_RING_NAME_MAX, a->ai_family == AF_INET ? "%s:%u" : "[%s]:%u", ip,
+                    (unsigned)port);
+}
+
+static void on_dns(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
+{
+    pl_peers *p = req->data;
+    int changed = 0;
+
+    p->resolving = 0;
+    if (p->stopping || status != 0) {
+        /* A resolver that fails for a while keeps what was known: it must
+         * not empty the ring. */
+        if (status != 0 && status != UV_ECANCELED)
+            PL_LOG(PL_LOG_WARN, "ring: DNS name not resolved",
+                   "\"name\":\"%s\",\"error\":\"%s\"", p->dns_host, uv_strerror(status));
+        uv_freeaddrinfo(res);
+        return;
+    }
+    for (size_t i = 0; i < p->n; i++)
+        p->c[i]->seen = 0;
+    for (struct addrinfo *a = res; a != NULL; a = a->ai_next) {
+        char name[PL_RING_NAME_MAX];
+        int len;
+        cand *c;
+
+        if ((a->ai_family != AF_INET && a->ai_family != AF_INET6) ||
+            (len = name_of(a, p->dns_port, name)) <= 0 || len >= PL_RING_NAME_MAX)
+            continue;
+        if (p->self[0] == '\0' && p->dns_port == p->o.self_port && local_address(a->ai_addr)) {
+            memcpy(p->self, name, (size_t)len + 1);
+            changed = 1;
+        }
+        if ((c = find(p, name, (size_t)len)) == NULL && (c = add(p, name, (size_t)len)) != NULL)
+            changed = 1;
+        if (c != NULL) {
+            c->seen = 1;
+            c->gone = 0;
+            c->self = strcmp(c->name, p->self) == 0;
+        }
+    }
+    uv_freeaddrinfo(res);
+    if (p->self[0] == '\0' && !p->warned_self) {
+        p->warned_self = 1;
+        PL_LOG(PL_LOG_WARN, "ring: none of the name's addresses is this host's",
+               "\"name\":\"%s\",\"port\":%u", p->dns_host, (unsigned)p->dns_port);
+    }
+    /* Gone from the name: no longer a candidate. */
+    for (size_t i = p->n; i-- > 0;) {
+        cand *c = p->c[i];
+        if (c->seen || c->self || c->gone)
+            continue;
+        c->gone = 1;
+        changed |= c->up;
+        c->up = 0;
+        if (!c->open && !c->resolving)
+            drop(p, c);
+        else
+            close_conn(c);
+    }
+    if (changed)
+        rebuild(p);
+}
+
+static void resolve(pl_peers *p)
+{
+    struct addrinfo hints;
+
+    memset(&hints, 0, sizeof(hints));
+    hints.ai_socktype = SOCK_STREAM;
+    p->dns.data = p;
+    if (uv_getaddrinfo(p->loop, &p->dns, on_dns, p->dns_host, NULL, &hints) == 0)
+        p->resolving = 1;
+}
+
+/* ---- the timer ---- */
+
+static void tick(uv_timer_t *t)
+{
+    pl_peers *p = t->data;
+    uint64_t now = uv_now(p->loop);
+
+    if (p->use_dns && !p->resolving && now - p->resolved_at >= p->o.resolve_ms) {
+        p->resolved_at = now;
+        resolve(p);
+    }
+    for (size_t i = 0; i < p->n; i++) {
+        cand *c = p->c[i];
+        if (c->self || c->gone)
+            continue;
+        if (!c->busy && !c->recheck && !(c->open && !c->ready)) {
+            check_start(p, c, now);
+        } else if (c->busy && now - c->started >= p->o.timeout_ms) {
+            /* a lookup still running is let finish, and then ignored */
+            c->given_up = c->resolving;
+            unanswered(c, 0);
+        }
+    }
+}
+
+static void add_named(const char *s, size_t len, void *arg)
+{
+    pl_peers *p = arg;
+
+    if (find(p, s, len) == NULL)
+        add(p, s, len); /* checked already: fits, and one of few enough */
+}
+
+/* Fills <p>'s candidates and names from <o>. Returns 0, or -EINVAL with
+ * a message in <err>. */
+static int configure(pl_peers *p, const pl_peers_opts *o, char *err, size_t errlen)
+{
+    if (o->list[0] == '\0' && o->dns[0] == '\0') {
+        snprintf(err, errlen, "no ring: neither ring_peers nor ring_dns is set");
+        return -EINVAL;
+    }
+    if (pl_ring_check_config(o->list, o->dns, o->self, err, errlen) != 0)
+        return -EINVAL;
+    p->use_dns = o->dns[0] != '\0';
+    snprintf(p->list, sizeof(p->list), "%s", o->list);
+    snprintf(p->self, sizeof(p->self), "%s", o->self);
+    if (p->use_dns)
+        pl_ring_split(o->dns, strlen(o->dns), p->dns_host, sizeof(p->dns_host), &p->dns_port);
+    pl_ring_each_name(p->list, add_named, p);
+    return 0;
+}
+
+pl_peers *pl_peers_start(uv_loop_t *loop, const pl_peers_opts *o, pl_peers_changed_fn changed,
+                         void *arg, char *err, size_t errlen)
+{
+    pl_peers *p = pl_malloc(sizeof(*p));
+
+    if (p == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    memset(p, 0, sizeof(*p));
+    p->loop = loop;
+    p->o = *o;
+    p->changed = changed;
+    p->arg = arg;
+    p->self_index = -2; /* not yet told */
+    if (configure(p, o, err, errlen) != 0) {
+        pl_peers_free(p);
+        return NULL;
+    }
+    for (size_t i = 0; i < p->n; i++)
+        p->c[i]->self = strcmp(p->c[i]->name, p->self) == 0;
+    uv_timer_init(loop, &p->timer);
+    p->timer.data = p;
+    uv_timer_start(&p->timer, tick, 0, o->check_ms);
+    rebuild(p);
+    return p;
+}
+
+void pl_peers_leave(pl_peers *p)
+{
+    if (p == NULL || p->left)
+        return;
+    p->left = 1;
+    rebuild(p);
+}
+
+void pl_peers_stop(pl_peers *p)
+{
+    if (p == NULL || p->stopping)
+        return;
+    p->stopping = 1;
+    uv_close((uv_handle_t *)&p->timer, NULL);
+    if (p->resolving)
+        uv_cancel((uv_req_t *)&p->dns);
+    for (size_t i = 0; i < p->n; i++) {
+        cand *c = p->c[i];
+        if (c->resolving)
+            uv_cancel((uv_req_t *)&c->resolve);
+        close_conn(c);
+    }
+}
+
+void pl_peers_free(pl_peers *p)
+{
+    if (p == NULL)
+        return;
+    for (size_t i = 0; i < p->n; i++)
+        pl_free(p->c[i]);
+    pl_free(p);
+}

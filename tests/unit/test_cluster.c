@@ -1,0 +1,179 @@
+/* test_cluster.c -- where a request for a key is served in a ring: the
+ * owner serves it, anyone else redirects it once, a redirected request is
+ * not sent on (but by an instance that left), and a redirected dispatch
+ * carries a signature that holds for its body alone. */
+#include <stdio.h>
+#include <string.h>
+
+#include "pilotlight/cluster.h"
+#include "unit.h"
+
+#define KEYS 2000
+
+static pl_key key_n(int i, char *buf, size_t cap)
+{
+    pl_key k = {buf, (size_t)snprintf(buf, cap, "deployment_%d", i), "v1", 2, 1, 1};
+    return k;
+}
+
+/* A ring of <n> members "10.0.0.<i>:8080" as member <self> sees it. */
+static void ring_of(pl_cluster *cl, int n, int self)
+{
+    char name[32];
+
+    pl_cluster_init(cl);
+    cl->on = 1;
+    for (int i = 1; i <= n; i++) {
+        int len = snprintf(name, sizeof(name), "10.0.0.%d:8080", i);
+        CHECK_EQ(pl_ring_add(&cl->ring, name, (size_t)len), 0);
+    }
+    cl->self = self;
+}
+
+static void test_no_ring_serves_everything(void)
+{
+    pl_cluster cl;
+    char buf[32];
+    pl_key k = key_n(1, buf, sizeof(buf));
+    int foreign = 7;
+
+    pl_cluster_init(&cl);
+    CHECK_EQ(pl_cluster_route(&cl, &k, 0, &foreign), -1);
+    CHECK_EQ(foreign, 0);
+    CHECK(pl_cluster_owns(&cl, &k));
+}
+
+/* Every instance agrees: the owner serves, the others redirect to it. */
+static void test_owner_serves_others_redirect(void)
+{
+    pl_cluster views[3];
+    int owned[3] = {0, 0, 0};
+
+    for (int i = 0; i < 3; i++)
+        ring_of(&views[i], 3, i);
+    for (int i = 0; i < KEYS; i++) {
+        char buf[32];
+        pl_key k = key_n(i, buf, sizeof(buf));
+        size_t owner = pl_cluster_owner(&views[0], &k);
+        for (int v = 0; v < 3; v++) {
+            int foreign, to = pl_cluster_route(&views[v], &k, 0, &foreign);
+            CHECK_EQ(foreign, 0);
+            CHECK_EQ(to, (size_t)v == owner ? -1 : (int)owner);
+            CHECK_EQ(pl_cluster_owns(&views[v], &k), (size_t)v == owner);
+        }
+        owned[owner]++;
+    }
+    for (int v = 0; v < 3; v++)
+        CHECK(owned[v] > KEYS / 3 - KEYS / 10 && owned[v] < KEYS / 3 + KEYS / 10);
+}
+
+/* Views that disagree: a request redirected once is served where it lands
+ * (counted foreign), never sent on; an instance that left sends it on once
+ * more; twice redirected is served anywhere. */
+static void test_hops(void)
+{
+    pl_cluster member, left, alone;
+    char buf[32];
+    int foreign, i;
+    pl_key k;
+
+    ring_of(&member, 3, 0);
+    ring_of(&left, 3, -1);
+    for (i = 0;; i++) { /* a key member 0 does not own */
+        k = key_n(i, buf, sizeof(buf));
+        if (pl_cluster_owner(&member, &k) != 0)
+            break;
+    }
+    CHECK(pl_cluster_route(&member, &k, 0, &foreign) > 0 && !foreign);
+    CHECK_EQ(pl_cluster_route(&member, &k, 1, &foreign), -1);
+    CHECK_EQ(foreign, 1);
+    CHECK(pl_cluster_route(&left, &k, 1, &foreign) >= 0 && !foreign);
+    CHECK_EQ(pl_cluster_route(&left, &k, 2, &foreign), -1);
+    CHECK_EQ(foreign, 1);
+    CHECK(!pl_cluster_owns(&left, &k));
+    /* the last instance, left: nobody to send it to */
+    ring_of(&alone, 0, -1);
+    CHECK_EQ(pl_cluster_route(&alone, &k, 0, &foreign), -1);
+    CHECK_EQ(foreign, 0);
+}
+
+static void test_read_hop(void)
+{
+    static const char *bad[] = {
+        "pl_hop=", "pl_hop=3", "pl_hop=x", "pl_hop=-1", "pl_exp=", "pl_exp=12a",
+        "pl_exp=123456789012345678901", "pl_sig=abc", "pl_hop=1&pl_sig=" /* empty */,
+    };
+    pl_hop h;
+    const char *q = "a=1&pl_hop=2&pl_exp=1700000000&pl_sig="
+                    "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff&b";
+
+    CHECK_EQ(pl_cluster_read_hop(NULL, 0, &h), 0);
+    CHECK_EQ(h.hops, 0);
+    CHECK(h.sig == NULL);
+    CHECK_EQ(pl_cluster_read_hop(q, strlen(q), &h), 0);
+    CHECK_EQ(h.hops, 2);
+    CHECK_EQ(h.exp, 1700000000);
+    CHECK(h.sig != NULL && strncmp(h.sig, "0011", 4) == 0);
+    CHECK_EQ(pl_cluster_read_hop("pl_hopx=1&x", 11, &h), 0); /* not ours */
+    CHECK_EQ(h.hops, 0);
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        int rc = pl_cluster_read_hop(bad[i], strlen(bad[i]), &h);
+        if (rc != -EINVAL)
+            fprintf(stderr, "  accepted \"%s\"\n", bad[i]);
+        CHECK_EQ(rc, -EINVAL);
+        CHECK_EQ(h.hops, 0);
+    }
+}
+
+/* The Location line, read back as the owner reads its query. */
+static void test_location_and_signature(void)
+{
+    char loc[PL_CLUSTER_LOCATION_MAX];
+    const char *body = "{\"dequeuedMessage\":{}}", *q;
+    size_t blen = strlen(body);
+    pl_hop h;
+    int n;
+
+    n = pl_cluster_location(loc, "10.0.0.7:8080", 0, "/warm-start", 0, NULL, NULL, 0, 0);
+    CHECK_STR(loc, "Location: http://10.0.0.7:8080/warm-start?pl_hop=1\r\n");
+    CHECK_EQ(n, (int)strlen(loc));
+    pl_cluster_location(loc, "[fd00::7]:8080", 9090, "/warm-start", 1, "", body, blen, 0);
+    CHECK_STR(loc, "Location: http://[fd00::7]:9090/warm-start?pl_hop=2\r\n");
+    n = pl_cluster_location(loc, "10.0.0.7:8080", 0, "/warm-start", 0, "secret", body, blen,
+                            1700000000);
+    CHECK(n > 0 && n < PL_CLUSTER_LOCATION_MAX);
+    q = strchr(loc, '?') + 1;
+    CHECK_EQ(pl_cluster_read_hop(q, strlen(q) - 2, &h), 0);
+    CHECK_EQ(h.hops, 1);
+    CHECK_EQ(h.exp, 1700000000 + PL_CLUSTER_SIG_TTL_S);
+    CHECK(pl_cluster_hop_signed(&h, "secret", "/warm-start", body, blen, 1700000000));
+    CHECK(pl_cluster_hop_signed(&h, "secret", "/warm-start", body, blen,
+                                1700000000 + PL_CLUSTER_SIG_TTL_S));
+    /* expired; another secret, body or path; not signed at all */
+    CHECK(!pl_cluster_hop_signed(&h, "secret", "/warm-start", body, blen,
+                                 1700000001 + PL_CLUSTER_SIG_TTL_S));
+    CHECK(!pl_cluster_hop_signed(&h, "secreT", "/warm-start", body, blen, 1700000000));
+    CHECK(!pl_cluster_hop_signed(&h, "secret", "/warm-start", body, blen - 1, 1700000000));
+    CHECK(!pl_cluster_hop_signed(&h, "secret", "/connect", body, blen, 1700000000));
+    CHECK(!pl_cluster_hop_signed(&h, "", "/warm-start", body, blen, 1700000000));
+    h.exp += 1; /* an expiry changed in the URL */
+    CHECK(!pl_cluster_hop_signed(&h, "secret", "/warm-start", body, blen, 1700000000));
+    h.sig = NULL;
+    CHECK(!pl_cluster_hop_signed(&h, "secret", "/warm-start", body, blen, 1700000000));
+    /* one made to last beyond the TTL is refused, even when signed */
+    n = pl_cluster_location(loc, "10.0.0.7:8080", 0, "/warm-start", 0, "secret", body, blen,
+                            1800000000);
+    q = strchr(loc, '?') + 1;
+    CHECK_EQ(pl_cluster_read_hop(q, strlen(q) - 2, &h), 0);
+    CHECK(!pl_cluster_hop_signed(&h, "secret", "/warm-start", body, blen, 1700000000));
+}
+
+int main(void)
+{
+    RUN(test_no_ring_serves_everything);
+    RUN(test_owner_serves_others_redirect);
+    RUN(test_hops);
+    RUN(test_read_hop);
+    RUN(test_location_and_signature);
+    return unit_finish();
+}
