@@ -2,11 +2,15 @@
 # run.sh -- the whole test suite, as CI runs it: installs what is missing;
 # builds pilotlight plain, as released (deploy/build.sh) and with
 # AddressSanitizer + UBSan; runs the unit tests against the plain and the
-# sanitizer build, the black-box suite against the released and the
-# sanitizer build (the impaired-network matrix against the released one
-# only) and once more under valgrind (the plain build), a short
-# soak, and the libFuzzer targets (their own clang build); ends with one line
-# of totals: "N passed, N failed, N skipped".
+# sanitizer build, the black-box suite (tests/blackbox/) and the tests of
+# pilotlight with other programs (tests/interop/) against the released and
+# the sanitizer build (the impaired-network matrix against the released one
+# only), the black-box suite once more under valgrind (the plain build), a
+# short soak, and the libFuzzer targets (their own clang build); ends with
+# one line of totals: "N passed, N failed, N skipped".
+#
+# While working, run the part you touch: `meson test -C build --suite unit`
+# (every unit test, in seconds), or one pytest file (tests/README.md).
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -27,7 +31,7 @@ add() { passed=$((passed + $1)); failed=$((failed + $2)); skipped=$((skipped + $
 
 # Unit tests: each RUN() line of each test binary counts once.
 unit() { # unit BUILDDIR LABEL
-    meson test -C "$1" --print-errorlogs --verbose >"$out/unit-$2.log" 2>&1
+    meson test -C "$1" --suite unit --print-errorlogs --verbose >"$out/unit-$2.log" 2>&1
     local rc=$? ok bad
     ok=$(grep -cE '^ok  ' "$out/unit-$2.log")
     bad=$(grep -cE '^FAIL ' "$out/unit-$2.log")
@@ -37,13 +41,19 @@ unit() { # unit BUILDDIR LABEL
     add "$ok" "$bad"
 }
 
-# Black-box tests: pytest against the real binary, counted from JUnit XML.
-blackbox() { # blackbox BINARY LABEL [pytest args...]
-    local bin=$1 label=$2; shift 2
+# The pytest suites, against the real binary, counted from JUnit XML:
+# tests/blackbox/ (pilotlight alone) and tests/interop/ (pilotlight with
+# other programs: Trigger.dev's client, HAProxy, Prometheus, k6, Compose,
+# the manifests, the load tools).
+pysuite() { # pysuite DIR BINARY LABEL [pytest args...]
+    local dir=$1 bin=$2 label=$3 what res counts
+    shift 3
+    what=$(basename "$dir")
+    [ "$what" = blackbox ] && what=black-box
+    res="$out/$(basename "$dir")-$label"
     PILOTLIGHT_BIN="$bin" /usr/bin/python3 -m pytest -q -p no:cacheprovider \
-        --junitxml="$out/bb-$label.xml" "$@" tests/blackbox >"$out/bb-$label.log" 2>&1
-    local counts
-    counts=$(/usr/bin/python3 - "$out/bb-$label.xml" <<'PY'
+        --junitxml="$res.xml" "$@" "$dir" >"$res.log" 2>&1
+    counts=$(/usr/bin/python3 - "$res.xml" <<'PY'
 import sys, xml.etree.ElementTree as ET
 try:
     t = ET.parse(sys.argv[1]).getroot()
@@ -56,8 +66,8 @@ print(tests - fail - skip, fail, skip)
 PY
 )
     set -- $counts
-    echo "black-box ($label): $1 passed, $2 failed, $3 skipped"
-    [ "$2" -gt 0 ] && tail -60 "$out/bb-$label.log"
+    echo "$what ($label): $1 passed, $2 failed, $3 skipped"
+    [ "$2" -gt 0 ] && tail -60 "$res.log"
     add "$1" "$2" "$3"
 }
 
@@ -74,7 +84,8 @@ if deploy/build.sh build-release >"$out/release.log" 2>&1 &&
         ls build-release/pilotlight.p/*.gcda >/dev/null 2>&1 &&
         grep -q -- '-fprofile-use' build-release/build.ninja; then
     echo "release build (profile-guided): 1 passed, 0 failed"; add 1 0
-    blackbox "$root/build-release/pilotlight" release
+    pysuite tests/blackbox "$root/build-release/pilotlight" release
+    pysuite tests/interop "$root/build-release/pilotlight" release
 else
     echo "release build (profile-guided): 0 passed, 1 failed"; tail -30 "$out/release.log"; add 0 1
 fi
@@ -85,24 +96,22 @@ if build build-asan -Db_sanitize=address,undefined -Db_lundef=false; then
     unit build-asan asan
     # The impaired-network matrix measures timing-dependent delivery: it runs
     # against the release build only, where its timings are the real ones.
-    blackbox "$root/build-asan/pilotlight" asan --ignore=tests/blackbox/test_impaired.py
+    pysuite tests/blackbox "$root/build-asan/pilotlight" asan \
+        --ignore=tests/blackbox/test_impaired.py
+    pysuite tests/interop "$root/build-asan/pilotlight" asan
 else
     echo "sanitizer build failed"; add 0 1
 fi
 unset ASAN_OPTIONS UBSAN_OPTIONS
 
 # Once more under valgrind memcheck: any error or definitely-lost byte makes
-# the server exit 99, which each test's teardown reports. The suites that test
-# other programs (the Node client, HAProxy, the manifests, the generator) or a
-# unit driver are left out here, and so are the impaired-network suites,
-# whose timings valgrind's slowdown would turn into failures of its own.
+# the server exit 99, which each test's teardown reports. tests/interop/ is
+# left out here (it tests other programs, and the unit driver the token
+# vectors run), and so are the impaired-network suites, whose timings
+# valgrind's slowdown would turn into failures of its own.
 mkdir -p "$out/valgrind"
 PL_VALGRIND_BIN="$root/build/pilotlight" PL_VALGRIND_LOGS="$out/valgrind" \
-    blackbox "$root/tests/valgrind-wrap.sh" valgrind \
-    --ignore=tests/blackbox/test_compat.py --ignore=tests/blackbox/test_haproxy.py \
-    --ignore=tests/blackbox/test_deploy.py --ignore=tests/blackbox/test_token_vectors.py \
-    --ignore=tests/blackbox/test_loadtest_smoke.py --ignore=tests/blackbox/test_prometheus.py \
-    --ignore=tests/blackbox/test_k6_smoke.py --ignore=tests/blackbox/test_compose.py \
+    pysuite tests/blackbox "$root/tests/valgrind-wrap.sh" valgrind \
     --ignore=tests/blackbox/test_impaired.py --ignore=tests/blackbox/test_vanished.py
 find "$out/valgrind" -name 'vg.*.log' -size +0 -exec sh -c 'echo "== $1"; head -40 "$1"' _ {} \;
 

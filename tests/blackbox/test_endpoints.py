@@ -6,7 +6,7 @@ import signal
 import time
 
 from conftest import (EXAMPLE, assert_ledger, make_message, poll_headers,
-                      read_payload, scrape)
+                      read_payload, scrape, wait_stopped)
 
 
 def error_of(resp):
@@ -124,17 +124,6 @@ def test_other_controller_ids_do_not_replace(server):
     server.wait_parked(2)
     assert a.silent_for(0.1) and b.silent_for(0.1)
     assert server.metrics().settled("replaced") == 0
-
-
-def wait_stopped(pid, timeout=5.0):
-    """Until /proc says <pid> is stopped (SIGSTOP takes effect later)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with open(f"/proc/{pid}/stat") as f:
-            if f.read().rsplit(")", 1)[1].split()[0] == "T":
-                return
-        time.sleep(0.005)
-    raise AssertionError(f"process {pid} did not stop")
 
 
 def test_hung_up_poll_read_after_its_repoll_is_a_disconnect(server):

@@ -5,7 +5,7 @@
   controller parked on the key JSON.parse reads, as the exact bytes of its
   dequeuedMessage value; each refused body gets a 400 naming why, and nothing
   is delivered to the polls parked on every key a lenient reading could pick.
-- The same refusals through HAProxy in front of three instances.
+- (The same refusals through HAProxy: tests/interop/test_haproxy.py.)
 - A tenant reusing another tenant's controller id (token_mode = enforce)
   ends nothing: both stay parked and each gets its own run.
 - Request lines llhttp would take but RFC 9112 does not: HTTP/0.9, doubled
@@ -13,42 +13,14 @@
 """
 
 import json
-import tempfile
 import time
-from pathlib import Path
 
 import pytest
 
-from conftest import (Conn, assert_ledger, make_message, poll_headers, read_payload,
-                      scrape)
+from conftest import (DECOY_KEYS, Conn, assert_ledger, dispatch_vectors, error_of,
+                      make_message, poll_headers, read_payload, scrape)
 
-VECTORS = Path(__file__).resolve().parents[1] / "vectors" / "dispatch.tsv"
-
-
-def load_vectors():
-    out = []
-    for line in VECTORS.read_text().splitlines():
-        if not line or line.startswith("#"):
-            continue
-        f = line.split("\t")
-        body = bytes.fromhex(f[1])
-        if f[0] == "ok":
-            out.append(dict(ok=True, body=body, label=f[8], dep=bytes.fromhex(f[2]),
-                            ver=bytes.fromhex(f[3]), cpu=f[4], mem=f[5],
-                            payload=body[int(f[6]):int(f[6]) + int(f[7])]))
-        else:
-            # the text is as it appears inside the JSON error body
-            out.append(dict(ok=False, body=body, label=f[3], why=json.loads(f'"{f[2]}"')))
-    return out
-
-
-VECTORS_ALL = load_vectors()
-
-# Every key a refused vector names, however it is read: polls parked on all
-# of them must still be parked after the refusals.
-DECOY_KEYS = [("deployment_a", "20261130.1", "0.5", "1"), ("deployment_a", "v", "1", "1"),
-              ("A", "v", "1", "1"), ("B", "v", "1", "1"), ("d", "v", "1", "1"),
-              ("A", "20261130.1", "0.5", "1"), ("B", "20261130.1", "0.5", "1")]
+VECTORS_ALL = dispatch_vectors()
 
 
 def post(port, body):
@@ -72,13 +44,6 @@ def wait_parked_total(port, n):
     while scrape(port).parked_total < n:
         assert time.monotonic() < deadline, "polls never parked"
         time.sleep(0.01)
-
-
-def error_of(r):
-    assert r.status == 400, (r, r.body[:300])
-    err = json.loads(r.body)["error"]
-    assert isinstance(err, str) and err
-    return err
 
 
 def test_vectors_refused_deliver_nothing(server):
@@ -139,39 +104,6 @@ def test_vectors_no_poll_can_carry_find_nobody(server):
         r = post(server.port, v["body"])
         assert r.status == 200 and json.loads(r.body) == {"didWarmStart": False}, v["label"]
     assert_ledger(scrape(server.port))
-
-
-# ---- through HAProxy ------------------------------------------------------
-
-ISSUE_BODIES = ["leading-zero", "trailing-dot", "ctl-as-ws", "raw-lf-in-string",
-                "raw-bel-in-string", "trailing-nul", "bom", "utf8-overlong-slash",
-                "dup-deployment", "dup-friendlyId", "nul-in-friendlyId", "nul-in-dm-name"]
-
-
-def test_issue_bodies_refused_through_haproxy(start_server):
-    th = pytest.importorskip("test_haproxy")
-    if th.HAPROXY is None:
-        pytest.skip(th.WHY_SKIP)
-    servers = [start_server() for _ in range(3)]
-    with tempfile.TemporaryDirectory() as d:
-        proxy = th.Proxy(servers, d)
-        try:
-            polls = [poll_conn(proxy.port, *k) for k in DECOY_KEYS]
-            th.wait_total(servers, "parked_now", len(polls), "decoys parked")
-            by_label = {v["label"]: v for v in VECTORS_ALL}
-            for label in ISSUE_BODIES:
-                v = by_label[label]
-                assert not v["ok"]
-                err = error_of(post(proxy.port, v["body"]))
-                assert v["why"] in err, (label, err)
-            assert th.total(servers, "parked_now") == len(polls)
-            assert sum(scrape(s.port).settled("matched") for s in servers) == 0
-            assert sum(scrape(s.port).dispatched("invalid") for s in servers) \
-                == len(ISSUE_BODIES)
-            for c in polls:
-                c.close()
-        finally:
-            proxy.stop()
 
 
 # ---- tenants --------------------------------------------------------------

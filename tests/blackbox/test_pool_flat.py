@@ -21,8 +21,8 @@ import time
 
 import pytest
 
-from conftest import HOST, Conn, assert_ledger, build_request, poll_headers
-from test_loadtest_smoke import loadgen, no_errors
+from conftest import (HOST, Conn, assert_ledger, build_request, loadgen, no_errors,
+                      poll_headers)
 
 OPS = int(os.environ.get("PL_POOL_OPS", "100000"))
 SCALE = max(1, OPS // 100_000)

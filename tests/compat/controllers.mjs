@@ -1,6 +1,6 @@
 // controllers.mjs -- many idle run controllers in one process, each
 // Trigger.dev's real WarmStartClient, for the impaired-network tests
-// (tests/blackbox/impair.py).
+// (tests/impair.py).
 //
 // Usage: node controllers.mjs SPEC_JSON
 //   SPEC: {"url": BASE_URL, "controllers": [{"id", "key": [deployment,

@@ -1123,13 +1123,13 @@ static int judge_tag(const pl_waiter_info *info, unsigned *tag, const void **why
     return 0;
 }
 
-static void m_revoke(model *m)
+static void m_revoke(model *m, pl_outcome outcome)
 {
     for (int k = 0; k < M_KEYS; k++)
         for (size_t i = 0; i < m->n[k];) {
             owner_t *o = m->q[k][i];
             if (!o->held && o->tag == m_bad_tag) {
-                m_remove(m, k, i, PL_OUTCOME_REVOKED);
+                m_remove(m, k, i, outcome);
                 continue;
             }
             if (!o->held)
@@ -1173,7 +1173,7 @@ static void m_check(const model *m, const pl_engine *e, const void *payload,
                 CHECK(o->arg == payload);
             else if (w == PL_OUTCOME_REJECTED)
                 CHECK(o->arg != NULL && *(const char *)o->arg != '\0');
-            else if (w == PL_OUTCOME_REVOKED)
+            else if (w == PL_OUTCOME_REVOKED || w == PL_OUTCOME_MOVED)
                 CHECK(o->arg == (o->tag & 1 ? (const void *)o : NULL));
             else
                 CHECK(o->arg == NULL);
@@ -1315,10 +1315,12 @@ static int model_run(uint64_t seed, pl_order order, uint32_t max,
             m_drain(&m);
             pl_engine_drain(e);
         } else if (op == 5) {
+            /* a reload's judge, or the ring's */
+            pl_outcome oc = rnd(2) ? PL_OUTCOME_REVOKED : PL_OUTCOME_MOVED;
             size_t n;
             m_bad_tag = rnd(4);
-            n = pl_engine_settle_if(e, PL_OUTCOME_REVOKED, judge_tag, NULL); /* judged on the tags before */
-            m_revoke(&m);
+            n = pl_engine_settle_if(e, oc, judge_tag, NULL); /* judged on the tags before */
+            m_revoke(&m, oc);
             CHECK_EQ(n, m.nwant);
         } else if (op == 6) {
             static const uint32_t maxes[] = {0, 2, 5, 9, 30};

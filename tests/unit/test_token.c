@@ -16,6 +16,7 @@
 #include "pilotlight/mem.h"
 #include "pilotlight/message.h"
 #include "pilotlight/token.h"
+#include "mint.h"
 #include "unit.h"
 
 #define SECRET "test-secret-0123456789abcdef"
@@ -34,44 +35,6 @@
 #define AUD "\"aud\":\"https://api.trigger.dev\""
 
 /* ---- minting ----------------------------------------------------------- */
-
-static size_t b64url(const unsigned char *in, size_t n, char *out)
-{
-    static const char abc[] =
-        "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-    size_t o = 0;
-    unsigned long acc = 0;
-    int bits = 0;
-
-    for (size_t i = 0; i < n; i++) {
-        acc = (acc << 8) | in[i];
-        bits += 8;
-        while (bits >= 6) {
-            bits -= 6;
-            out[o++] = abc[(acc >> bits) & 63];
-        }
-    }
-    if (bits > 0)
-        out[o++] = abc[(acc << (6 - bits)) & 63];
-    out[o] = '\0';
-    return o;
-}
-
-/* Writes "b64(header).b64(payload).b64(HMAC)" into <out> (big enough),
- * the HMAC keyed with <secret> using <md>. */
-static void mint_with(const EVP_MD *md, const char *secret, const char *header,
-                      const char *payload, char *out)
-{
-    unsigned char mac[EVP_MAX_MD_SIZE];
-    unsigned int mac_len = 0;
-    size_t n = b64url((const unsigned char *)header, strlen(header), out);
-
-    out[n++] = '.';
-    n += b64url((const unsigned char *)payload, strlen(payload), out + n);
-    HMAC(md, secret, (int)strlen(secret), (unsigned char *)out, n, mac, &mac_len);
-    out[n++] = '.';
-    b64url(mac, mac_len, out + n);
-}
 
 static char tok[8192];
 

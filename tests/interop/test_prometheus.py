@@ -19,8 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import HOST, REPO_ROOT, free_port, get
-from test_loadtest_smoke import loadgen
+from conftest import HOST, REPO_ROOT, free_port, get, loadgen
 
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"

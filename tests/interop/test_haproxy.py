@@ -28,8 +28,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (HOST, Conn, free_port, make_message, poll_headers,
-                      read_payload, request, run_binary, scrape, assert_ledger)
+from conftest import (DECOY_KEYS, HOST, Conn, dispatch_raw, dispatch_vectors, error_of,
+                      free_port, make_message, park, poll_headers, read_payload, request,
+                      run_binary, scrape, assert_ledger)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HAPROXY_CFG = REPO_ROOT / "deploy" / "haproxy" / "haproxy.cfg"
@@ -620,3 +621,39 @@ def test_client_cannot_choose_the_route(cluster):
         assert time.monotonic() < deadline, proxy.log()[-2000:]
         time.sleep(0.05)
     assert "evil_route" not in proxy.log()
+
+
+# --------------------------------------------------------------------------
+# Refused dispatch bodies (tests/vectors/dispatch.tsv) through the proxy
+# --------------------------------------------------------------------------
+
+# Bodies a lenient JSON reader would read one way or another: the proxy,
+# which reads the body to route it, must not make one deliverable.
+PROXY_REFUSED_BODIES = ["leading-zero", "trailing-dot", "ctl-as-ws", "raw-lf-in-string",
+                        "raw-bel-in-string", "trailing-nul", "bom", "utf8-overlong-slash",
+                        "dup-deployment", "dup-friendlyId", "nul-in-friendlyId",
+                        "nul-in-dm-name"]
+
+
+def test_refused_bodies_stay_refused_through_haproxy(start_server):
+    servers = [start_server() for _ in range(3)]
+    with tempfile.TemporaryDirectory() as d:
+        proxy = Proxy(servers, d)
+        try:
+            polls = [park(proxy.port, wait=False, deployment=dep, version=ver, cpu=cpu,
+                          memory=mem) for dep, ver, cpu, mem in DECOY_KEYS]
+            wait_total(servers, "parked_now", len(polls), "decoys parked")
+            by_label = {v["label"]: v for v in dispatch_vectors()}
+            for label in PROXY_REFUSED_BODIES:
+                v = by_label[label]
+                assert not v["ok"]
+                err = error_of(dispatch_raw(proxy.port, v["body"]))
+                assert v["why"] in err, (label, err)
+            assert total(servers, "parked_now") == len(polls)
+            assert sum(scrape(s.port).settled("matched") for s in servers) == 0
+            assert sum(scrape(s.port).dispatched("invalid") for s in servers) \
+                == len(PROXY_REFUSED_BODIES)
+            for c in polls:
+                c.close()
+        finally:
+            proxy.stop()

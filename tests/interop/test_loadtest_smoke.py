@@ -14,35 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (BIN, EXAMPLE, REPO_ROOT, Conn, dispatch_raw, free_port, park,
-                      read_payload, reset_close)
-from test_endpoints import wait_stopped
-
-LOADGEN = os.environ.get("PL_LOADGEN_BIN",
-                         str(REPO_ROOT / "build" / "loadtest" / "pl-loadgen"))
-
-
-def loadgen(server, *args, **kw):
-    """Runs pl-loadgen against pilotlight <server>, reading its CPU and
-    metrics; returns (json records, stdout)."""
-    return run_loadgen(server.port, "--server-pid", str(server.proc.pid),
-                       "--label", "pilotlight", "--metrics", *args, **kw)
-
-
-def run_loadgen(port, *args, timeout=60, json_only=True):
-    if not os.access(LOADGEN, os.X_OK):
-        pytest.fail(f"pl-loadgen not found at {LOADGEN} (set PL_LOADGEN_BIN)")
-    cmd = [LOADGEN, "--target", f"127.0.0.1:{port}"] + \
-        (["--json"] if json_only else []) + list(args)
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                       stdin=subprocess.DEVNULL)
-    assert p.returncode == 0, f"{cmd} exited {p.returncode}:\n{p.stdout}\n{p.stderr}"
-    recs = [json.loads(ln) for ln in p.stdout.splitlines() if ln.startswith("{")]
-    return recs, p.stdout
-
-
-def no_errors(rec):
-    assert rec["errors"] == {"dispatch": 0, "controller": 0, "connection": 0}, rec
+from conftest import (BIN, EXAMPLE, LOADGEN, REPO_ROOT, Conn, dispatch_raw, free_port,
+                      loadgen, no_errors, park, read_payload, reset_close, run_loadgen,
+                      wait_stopped)
 
 
 def test_usage():

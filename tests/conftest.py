@@ -1,5 +1,7 @@
-"""Black-box harness for pilotlight: start the real binary, talk real HTTP.
+"""The harness of the pytest suites: start the real binary, talk real HTTP.
 
+Shared by tests/blackbox/ (pilotlight alone) and tests/interop/ (pilotlight
+with other programs); tests import its helpers with `from conftest import`.
 Everything here uses the standard library only. Each test gets its own server
 (via the `server` / `start_server` fixtures) bound to 127.0.0.1:0; the port is
 read from the "listening" JSON log line. On teardown the server gets SIGTERM
@@ -23,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 BIN = os.environ.get("PILOTLIGHT_BIN", str(REPO_ROOT / "build" / "pilotlight"))
 HOST = "127.0.0.1"
 
@@ -48,7 +50,7 @@ if _soft != resource.RLIM_INFINITY and _soft < _want:
 def _load_example():
     # The example docs/protocol.md shows: a DequeuedMessage as the
     # supervisor sends it.
-    with open(Path(__file__).resolve().parent / "data" / "dequeued-message.json", "rb") as f:
+    with open(Path(__file__).resolve().parent / "blackbox" / "data" / "dequeued-message.json", "rb") as f:
         return json.loads(f.read())
 
 
@@ -86,6 +88,40 @@ def make_message(deployment=None, version=None, cpu=None, memory=None,
 def key_of(i, prefix="deployment_k"):
     """Key number <i> as (deployment, version, cpu, memory)."""
     return (f"{prefix}{i}", "20261130.1", 0.5, 1)
+
+
+# --------------------------------------------------------------------------
+# The dispatch vectors: bodies read the way Node's JSON.parse reads them
+# (tests/vectors/dispatch.tsv, written by gen-dispatch.mjs)
+# --------------------------------------------------------------------------
+
+VECTORS = REPO_ROOT / "tests" / "vectors" / "dispatch.tsv"
+
+
+def dispatch_vectors():
+    """Every vector: accepted ones with the key and the exact payload bytes
+    JSON.parse reads, refused ones with the text of their error."""
+    out = []
+    for line in VECTORS.read_text().splitlines():
+        if not line or line.startswith("#"):
+            continue
+        f = line.split("\t")
+        body = bytes.fromhex(f[1])
+        if f[0] == "ok":
+            out.append(dict(ok=True, body=body, label=f[8], dep=bytes.fromhex(f[2]),
+                            ver=bytes.fromhex(f[3]), cpu=f[4], mem=f[5],
+                            payload=body[int(f[6]):int(f[6]) + int(f[7])]))
+        else:
+            # the text is as it appears inside the JSON error body
+            out.append(dict(ok=False, body=body, label=f[3], why=json.loads(f'"{f[2]}"')))
+    return out
+
+
+# Every key a refused vector names, however it is read: polls parked on all
+# of them must still be parked after the refusals.
+DECOY_KEYS = [("deployment_a", "20261130.1", "0.5", "1"), ("deployment_a", "v", "1", "1"),
+              ("A", "v", "1", "1"), ("B", "v", "1", "1"), ("d", "v", "1", "1"),
+              ("A", "20261130.1", "0.5", "1"), ("B", "20261130.1", "0.5", "1")]
 
 
 # --------------------------------------------------------------------------
@@ -466,6 +502,14 @@ def dispatch(port, message=None, conn=None):
     return body["didWarmStart"]
 
 
+def error_of(r):
+    """The error a 400 answer names (a non-empty string)."""
+    assert r.status == 400, (r, r.body[:300])
+    err = json.loads(r.body)["error"]
+    assert isinstance(err, str) and err
+    return err
+
+
 def read_payload(conn, timeout=IO_TIMEOUT):
     """Reads a matched poll's response; asserts 200 JSON; returns the object."""
     r = conn.read_response(timeout=timeout)
@@ -507,6 +551,17 @@ def json_lines(text):
         except ValueError:
             pass
     return out
+
+
+def wait_stopped(pid, timeout=5.0):
+    """Until /proc says <pid> is stopped (SIGSTOP takes effect later)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "T":
+                return
+        time.sleep(0.005)
+    raise AssertionError(f"process {pid} did not stop")
 
 
 class Server:
@@ -684,3 +739,34 @@ def run_binary(*args, env=None, timeout=5.0):
     assert rc is not None, f"pilotlight {' '.join(args)} did not exit within {timeout}s; " \
                            f"stdout {o[-2000:]!r} stderr {e[-2000:]!r}"
     return rc, o, e
+
+
+# --------------------------------------------------------------------------
+# pl-loadgen, the load generator (loadtest/)
+# --------------------------------------------------------------------------
+
+LOADGEN = os.environ.get("PL_LOADGEN_BIN",
+                         str(REPO_ROOT / "build" / "loadtest" / "pl-loadgen"))
+
+
+def loadgen(server, *args, **kw):
+    """Runs pl-loadgen against pilotlight <server>, reading its CPU and
+    metrics; returns (json records, stdout)."""
+    return run_loadgen(server.port, "--server-pid", str(server.proc.pid),
+                       "--label", "pilotlight", "--metrics", *args, **kw)
+
+
+def run_loadgen(port, *args, timeout=60, json_only=True):
+    if not os.access(LOADGEN, os.X_OK):
+        pytest.fail(f"pl-loadgen not found at {LOADGEN} (set PL_LOADGEN_BIN)")
+    cmd = [LOADGEN, "--target", f"127.0.0.1:{port}"] + \
+        (["--json"] if json_only else []) + list(args)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                       stdin=subprocess.DEVNULL)
+    assert p.returncode == 0, f"{cmd} exited {p.returncode}:\n{p.stdout}\n{p.stderr}"
+    recs = [json.loads(ln) for ln in p.stdout.splitlines() if ln.startswith("{")]
+    return recs, p.stdout
+
+
+def no_errors(rec):
+    assert rec["errors"] == {"dispatch": 0, "controller": 0, "connection": 0}, rec
