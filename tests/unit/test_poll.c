@@ -212,6 +212,40 @@ static void test_text_no_dispatch_could_name(void)
     CHECK(key_is("d\xc3\xa9ploiement", "v 1 \"x\"", 0.5, 1));
 }
 
+/* Every byte value at every place of a header long enough to be read
+ * eight bytes at a time: control characters and bytes that cannot start
+ * or continue UTF-8 are refused wherever they stand, printable ASCII and
+ * a well-formed sequence straddling a block boundary are not. */
+static void test_text_at_every_offset(void)
+{
+    char v[40];
+
+    for (size_t at = 0; at < 24; at++) {
+        for (int c = 0; c < 256; c++) {
+            int ok = c >= 0x20 && c < 0x7f;
+
+            memset(v, 'a', 24);
+            v[24] = '\0';
+            v[at] = (char)c;
+            if (c == 0)
+                continue; /* set() takes a C string; NUL is a control byte anyway */
+            good();
+            set(PL_HDR_CONTROLLER_ID, v);
+            CHECK_EQ(key_of(OFF), ok ? 0 : -EINVAL);
+        }
+        /* a four-byte character starting at <at> */
+        memset(v, 'a', 28);
+        v[28] = '\0';
+        memcpy(v + at, "\xf0\x9f\x9a\x80", 4);
+        good();
+        set(PL_HDR_DEPLOYMENT_VERSION, v);
+        CHECK_EQ(key_of(OFF), 0);
+        v[at + 3] = 'a'; /* cut short */
+        set(PL_HDR_DEPLOYMENT_VERSION, v);
+        CHECK_EQ(key_of(OFF), -EINVAL);
+    }
+}
+
 static void test_token_off(void)
 {
     /* unverified, a token's claim names the key */
@@ -292,6 +326,7 @@ int main(void)
     RUN(test_numbers);
     RUN(test_lengths);
     RUN(test_text_no_dispatch_could_name);
+    RUN(test_text_at_every_offset);
     RUN(test_token_off);
     RUN(test_token_logged);
     RUN(test_token_enforced);
