@@ -35,6 +35,7 @@ struct pl_broker {
     pl_token_verifier *verifier; /* NULL when token_mode is disabled */
     uv_timer_t timer;            /* the engine's next park timeout */
     pl_cluster cluster;          /* the key ring, when there is one */
+    uint64_t joined_at;          /* when this instance last became a member */
     uv_timer_t sweep;            /* moves polls parked here for another's key */
     pl_metrics metrics;
     int draining, closing;
@@ -222,69 +223,17 @@ pl_broker *pl_broker_new(uv_loop_t *loop, const pl_config *cfg)
     return b;
 }
 
-/* What a poll's deployment id was found to be as it parked, kept as its
- * waiter's tag: a reload that tightens the token rules judges the poll by
- * it, as the token itself is not kept. UNKNOWN (0) is also what a poll
- * adopted from an older process has: the hand-over does not carry it. */
-enum { TRUST_UNKNOWN = 0, TRUST_BARE, TRUST_INVALID, TRUST_CURRENT, TRUST_PREVIOUS };
-
-/* A reload's view of the parked polls' tags: they name the secrets of
- * <old>, the configuration in force until now. */
-typedef struct {
-    const pl_config *old, *next;
-    int remap;   /* the secrets changed */
-    int enforce; /* enforce's rules apply anew */
-} rejudge;
-
-/* Which of <next>'s secrets <secret> is, as a tag; INVALID once dropped. */
-static unsigned secret_now(const char *secret, const pl_config *next)
-{
-    if (*secret != '\0' && strcmp(secret, next->token_secret) == 0)
-        return TRUST_CURRENT;
-    if (*secret != '\0' && strcmp(secret, next->token_secret_previous) == 0)
-        return TRUST_PREVIOUS;
-    return TRUST_INVALID;
-}
-
-/* pl_engine_settle_if's judge: what a new poll with the same deployment id
- * would get under <next>, as far as the tag tells. Expiry is not judged
- * again: a token is checked when its poll parks. */
-static int judge_poll(const pl_waiter_info *info, unsigned *tag, const void **why, void *arg)
-{
-    const rejudge *r = arg;
-
-    (void)info;
-    if (r->remap) {
-        if (*tag == TRUST_CURRENT)
-            *tag = secret_now(r->old->token_secret, r->next);
-        else if (*tag == TRUST_PREVIOUS)
-            *tag = secret_now(r->old->token_secret_previous, r->next);
-        else if (*tag == TRUST_INVALID)
-            *tag = TRUST_UNKNOWN; /* a new secret may verify it */
-    }
-    if (!r->enforce || *tag == TRUST_CURRENT || *tag == TRUST_PREVIOUS)
-        return 0;
-    *why = *tag == TRUST_BARE      ? "a signed deployment token is required"
-           : *tag == TRUST_INVALID ? "invalid deployment token"
-                                   : NULL; /* never verified here: asked again */
-    return 1;
-}
-
 /* Applies a reload's tighter rules to what is parked: token mode and
  * secrets, then lower caps. Each poll refused is answered as a new one
  * would be and counted (revoked, rejected). */
 static void apply_to_parked(pl_broker *b, const pl_config *next)
 {
     const pl_config *old = b->cfg;
-    rejudge r = {old, next, 0, 0};
+    pl_poll_rejudge r;
     size_t revoked = 0, rejected = 0;
 
-    r.remap = strcmp(old->token_secret, next->token_secret) != 0 ||
-              strcmp(old->token_secret_previous, next->token_secret_previous) != 0;
-    r.enforce = next->token_mode == PL_TOKEN_MODE_ENFORCE &&
-                (old->token_mode != PL_TOKEN_MODE_ENFORCE || r.remap);
-    if (r.remap || r.enforce)
-        revoked = pl_engine_settle_if(b->engine, PL_OUTCOME_REVOKED, judge_poll, &r);
+    if (pl_poll_rejudge_init(&r, old, next))
+        revoked = pl_engine_settle_if(b->engine, PL_OUTCOME_REVOKED, pl_poll_rejudge_one, &r);
     if (next->max_waiters < old->max_waiters ||
         next->max_waiters_per_key < old->max_waiters_per_key)
         rejected = pl_engine_enforce_caps(b->engine);
@@ -372,6 +321,8 @@ static void sweep_cb(uv_timer_t *t)
 
 void pl_broker_ring_changed(pl_broker *b, const pl_ring *ring, int self)
 {
+    if (self >= 0 && b->cluster.self < 0)
+        b->joined_at = uv_now(b->loop);
     b->cluster.ring = *ring;
     b->cluster.self = self;
     b->cluster.on = 1;
@@ -382,39 +333,71 @@ void pl_broker_ring_changed(pl_broker *b, const pl_ring *ring, int self)
         move_foreign(b);
 }
 
-/* Answers a request for <key> that is not to be served here: 307 to the
- * key's owner, or 400 for a malformed hop mark. Returns whether it did. A
- * poll served here for another's key (views of the ring disagree) is sent
- * on a check period later, when they should agree. */
-static int sent_elsewhere(pl_broker *b, pl_conn *c, const pl_request *req, const pl_key *key,
-                          int dispatch)
+/* What the ring said of a request served here. */
+typedef struct {
+    pl_hop hop;
+    int foreign; /* another instance owns its key */
+} ring_note;
+
+/* Answers <req> with a 307 to member <to>. Returns whether it did. */
+static int redirect(pl_broker *b, pl_conn *c, const pl_request *req, int to, unsigned hops,
+                    int dispatch)
 {
     char loc[PL_CLUSTER_LOCATION_MAX];
-    pl_hop hop;
-    int owner, foreign;
     uint16_t port = dispatch && b->cfg->dispatch_listen.host[0] != '\0'
                         ? b->cfg->dispatch_listen.port : 0;
 
-    if (!b->cluster.on)
-        return 0;
-    if (pl_cluster_read_hop(req->query, req->query_len, &hop) != 0) {
-        pl_conn_respond_error(c, 400, "malformed pl_hop, pl_exp or pl_sig");
-        return 1;
-    }
-    owner = pl_cluster_route(&b->cluster, key, hop.hops, &foreign);
-    if (owner < 0) {
-        b->metrics.ring_hop_served[dispatch] += (uint64_t)foreign;
-        if (foreign && !dispatch && !uv_is_active((uv_handle_t *)&b->sweep))
-            uv_timer_start(&b->sweep, sweep_cb, b->cfg->ring_check_ms, 0);
-        return 0;
-    }
-    if (pl_cluster_location(loc, b->cluster.ring.m[owner].name, port, "/warm-start", hop.hops,
+    if (pl_cluster_location(loc, b->cluster.ring.m[to].name, port, "/warm-start", hops,
                             dispatch ? b->cfg->dispatch_token : NULL, req->body, req->body_len,
                             (uint64_t)time(NULL)) < 0)
         return 0; /* cannot be: names are short */
     pl_conn_respond(c, 307, NULL, loc, NULL, 0);
     b->metrics.ring_redirects[dispatch]++;
     return 1;
+}
+
+/* Answers a request for <key> that is not to be served here: 307 to the
+ * key's owner, or 400 for a malformed hop mark. Returns whether it did;
+ * otherwise *note says what the ring said. A poll served here for
+ * another's key (views of the ring disagree) is sent on a check period
+ * later, when they should agree. */
+static int sent_elsewhere(pl_broker *b, pl_conn *c, const pl_request *req, const pl_key *key,
+                          int dispatch, ring_note *note)
+{
+    int owner;
+
+    memset(note, 0, sizeof(*note));
+    if (!b->cluster.on)
+        return 0;
+    if (pl_cluster_read_hop(req->query, req->query_len, &note->hop) != 0) {
+        pl_conn_respond_error(c, 400, "malformed pl_hop, pl_exp or pl_sig");
+        return 1;
+    }
+    owner = pl_cluster_route(&b->cluster, key, note->hop.hops, &note->foreign);
+    if (owner >= 0)
+        return redirect(b, c, req, owner, note->hop.hops, dispatch);
+    b->metrics.ring_hop_served[dispatch] += (uint64_t)note->foreign;
+    if (note->foreign && !dispatch && !uv_is_active((uv_handle_t *)&b->sweep))
+        uv_timer_start(&b->sweep, sweep_cb, b->cfg->ring_check_ms, 0);
+    return 0;
+}
+
+/* A dispatch that found nobody parked here: where the ring says a poll
+ * may still be, while views of it disagree (pl_cluster_after_miss), it is
+ * sent on rather than answered false. Returns whether it was. */
+static int sent_after_miss(pl_broker *b, pl_conn *c, const pl_request *req, const pl_key *key,
+                           const ring_note *note)
+{
+    /* The others see a new member within a check of it, and a check may
+     * take its timeout. */
+    uint64_t window = 2 * b->cfg->ring_check_ms + b->cfg->ring_check_timeout_ms;
+    int to;
+
+    if (!b->cluster.on)
+        return 0;
+    to = pl_cluster_after_miss(&b->cluster, key, note->hop.hops, note->foreign,
+                               uv_now(b->loop) - b->joined_at < window);
+    return to >= 0 && redirect(b, c, req, to, note->hop.hops, 1);
 }
 
 /* ---- GET /warm-start: park ---- */
@@ -439,25 +422,13 @@ static void hold_waiter(pl_broker *b, pl_conn *c, pl_waiter *w)
         timer_arm(b);
 }
 
-/* The tag of a poll parked with the deployment-id header of <req>. */
-static unsigned trust_of(int token, const pl_token_claims *claims, const pl_key *key,
-                         const pl_request *req)
-{
-    if (token == PL_TOKEN_VALID)
-        return claims->previous ? TRUST_PREVIOUS : TRUST_CURRENT;
-    if (token == PL_TOKEN_INVALID)
-        return TRUST_INVALID;
-    /* Legacy, or not verified: a bare id is the header itself (poll.h),
-     * a token's claim is not. */
-    return key->deployment == req->header[PL_HDR_DEPLOYMENT_ID] ? TRUST_BARE : TRUST_UNKNOWN;
-}
-
 void pl_broker_park(pl_broker *b, pl_conn *c, const pl_request *req)
 {
     pl_token_claims claims;
     char msg[96];
     const char *err;
     pl_waiter *w;
+    ring_note ring;
     pl_key key;
     int rc, token;
 
@@ -471,7 +442,7 @@ void pl_broker_park(pl_broker *b, pl_conn *c, const pl_request *req)
         pl_conn_respond_error(c, rc == -EACCES ? 401 : 400, err);
         return;
     }
-    if (sent_elsewhere(b, c, req, &key, 0))
+    if (sent_elsewhere(b, c, req, &key, 0, &ring))
         return;
     if (b->closing) {
         pl_conn_close(c); /* as if it had parked just before the drain */
@@ -485,7 +456,7 @@ void pl_broker_park(pl_broker *b, pl_conn *c, const pl_request *req)
     } else if (rc == PL_EINVAL) {
         pl_conn_respond_error(c, 400, "x-trigger-deployment-id or -version is empty or too long");
     } else if (rc == 0) {
-        pl_engine_set_tag(w, trust_of(token, &claims, &key, req));
+        pl_engine_set_tag(w, pl_poll_trust(token, &claims, &key, req));
         hold_waiter(b, c, w);
         pl_conn_detect_dead_peer(c, (unsigned)b->cfg->tcp_keepalive_idle_s,
                                  (unsigned)b->cfg->tcp_keepalive_interval_s,
@@ -551,6 +522,7 @@ void pl_broker_dispatch(pl_broker *b, pl_conn *c, const pl_request *req)
     dispatch_vet vet = {b, c, 0};
     pl_delivery d = {.vet = vet_poll, .vet_arg = &vet};
     const char *err = NULL;
+    ring_note ring;
     pl_message m;
     int rc;
 
@@ -566,13 +538,15 @@ void pl_broker_dispatch(pl_broker *b, pl_conn *c, const pl_request *req)
         pl_conn_respond_error(c, 503, "out of memory");
         return;
     }
-    if (sent_elsewhere(b, c, req, &m.key, 1)) {
+    if (sent_elsewhere(b, c, req, &m.key, 1, &ring)) {
         pl_message_release(&m);
         return;
     }
     d.payload = &m;
     rc = pl_engine_deliver(b->engine, &m.key, uv_now(b->loop), &d);
-    if (rc == PL_DELIVERY_PENDING)
+    if (rc == 0 && sent_after_miss(b, c, req, &m.key, &ring))
+        ; /* nothing was delivered here: the run is offered there */
+    else if (rc == PL_DELIVERY_PENDING)
         pl_confirm_start(b->confirm, c, &m, &d, start);
     else
         answer_dispatch(b, c, rc == PL_DELIVERED ? PL_DISPATCH_HIT

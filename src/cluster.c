@@ -104,6 +104,22 @@ int pl_cluster_route(const pl_cluster *cl, const pl_key *key, unsigned hops, int
     return (int)owner;
 }
 
+int pl_cluster_after_miss(const pl_cluster *cl, const pl_key *key, unsigned hops, int foreign,
+                          int recently)
+{
+    size_t to;
+
+    if (!cl->on || cl->ring.n < 2 || hops >= PL_CLUSTER_HOPS_MAX)
+        return -1;
+    if (foreign)
+        to = pl_cluster_owner(cl, key);
+    else if (recently && cl->self >= 0)
+        to = pl_ring_owner_but(&cl->ring, pl_ring_key_hash(key), (size_t)cl->self);
+    else
+        return -1;
+    return to < cl->ring.n && (int)to != cl->self ? (int)to : -1;
+}
+
 /* HMAC-SHA256 under <secret> of "<exp>\n<path>\n" and the SHA-256 of
  * <body>, in lower-case hex with its NUL (65 bytes). */
 static void sign(const char *secret, uint64_t exp, const char *path, const char *body,

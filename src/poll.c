@@ -165,3 +165,58 @@ int pl_poll_key(const pl_request *req, pl_token_verifier *verifier, int enforce,
     }
     return rc;
 }
+
+unsigned pl_poll_trust(int token, const pl_token_claims *claims, const pl_key *key,
+                       const pl_request *req)
+{
+    if (token == PL_TOKEN_VALID)
+        return claims->previous ? PL_POLL_TRUST_PREVIOUS : PL_POLL_TRUST_CURRENT;
+    if (token == PL_TOKEN_INVALID)
+        return PL_POLL_TRUST_INVALID;
+    /* Legacy, or not verified: a bare id is the header itself, a token's
+     * claim is not. */
+    return key->deployment == req->header[PL_HDR_DEPLOYMENT_ID] ? PL_POLL_TRUST_BARE
+                                                                : PL_POLL_TRUST_UNKNOWN;
+}
+
+int pl_poll_rejudge_init(pl_poll_rejudge *r, const pl_config *old, const pl_config *next)
+{
+    r->old = old;
+    r->next = next;
+    r->remap = strcmp(old->token_secret, next->token_secret) != 0 ||
+               strcmp(old->token_secret_previous, next->token_secret_previous) != 0;
+    r->enforce = next->token_mode == PL_TOKEN_MODE_ENFORCE &&
+                 (old->token_mode != PL_TOKEN_MODE_ENFORCE || r->remap);
+    return r->remap || r->enforce;
+}
+
+/* Which of <next>'s secrets <secret> is, as a tag; INVALID once dropped. */
+static unsigned secret_now(const char *secret, const pl_config *next)
+{
+    if (*secret != '\0' && strcmp(secret, next->token_secret) == 0)
+        return PL_POLL_TRUST_CURRENT;
+    if (*secret != '\0' && strcmp(secret, next->token_secret_previous) == 0)
+        return PL_POLL_TRUST_PREVIOUS;
+    return PL_POLL_TRUST_INVALID;
+}
+
+int pl_poll_rejudge_one(const pl_waiter_info *info, unsigned *tag, const void **why, void *arg)
+{
+    const pl_poll_rejudge *r = arg;
+
+    (void)info;
+    if (r->remap) {
+        if (*tag == PL_POLL_TRUST_CURRENT)
+            *tag = secret_now(r->old->token_secret, r->next);
+        else if (*tag == PL_POLL_TRUST_PREVIOUS)
+            *tag = secret_now(r->old->token_secret_previous, r->next);
+        else if (*tag == PL_POLL_TRUST_INVALID)
+            *tag = PL_POLL_TRUST_UNKNOWN; /* a new secret may verify it */
+    }
+    if (!r->enforce || *tag == PL_POLL_TRUST_CURRENT || *tag == PL_POLL_TRUST_PREVIOUS)
+        return 0;
+    *why = *tag == PL_POLL_TRUST_BARE      ? "a signed deployment token is required"
+           : *tag == PL_POLL_TRUST_INVALID ? "invalid deployment token"
+                                           : NULL;
+    return 1;
+}

@@ -96,20 +96,25 @@ uint64_t pl_ring_key_hash(const pl_key *k)
     return hash64(buf, len, 0);
 }
 
-size_t pl_ring_owner(const pl_ring *r, uint64_t kh)
+size_t pl_ring_owner_but(const pl_ring *r, uint64_t kh, size_t skip)
 {
-    size_t best = 0;
-    uint64_t top = rank(r->m[0].seed, kh);
+    size_t best = r->n;
+    uint64_t top = 0;
 
     /* Ties (no two names hash alike in practice) go to the first name. */
-    for (size_t i = 1; i < r->n; i++) {
+    for (size_t i = 0; i < r->n; i++) {
         uint64_t v = rank(r->m[i].seed, kh);
-        if (v > top) {
+        if (i != skip && (best == r->n || v > top)) {
             top = v;
             best = i;
         }
     }
     return best;
+}
+
+size_t pl_ring_owner(const pl_ring *r, uint64_t kh)
+{
+    return pl_ring_owner_but(r, kh, r->n);
 }
 
 int pl_ring_split(const char *s, size_t len, char *host, size_t cap, uint16_t *port)

@@ -57,6 +57,16 @@ int pl_cluster_read_hop(const char *query, size_t len, pl_hop *out);
  * 1 when it is served here although another instance owns the key. */
 int pl_cluster_route(const pl_cluster *cl, const pl_key *key, unsigned hops, int *foreign);
 
+/* Where a dispatch that found nobody parked here may still find a poll:
+ * the ring index to redirect it to, or -1 (answer false). When it was
+ * served here only because it came redirected (<foreign>, as
+ * pl_cluster_route() said), the key's owner in this view; when this
+ * instance owns the key but joined the ring <recently> (the others may
+ * not have seen it yet, and still send their polls elsewhere), the owner
+ * among the others. Never past PL_CLUSTER_HOPS_MAX. */
+int pl_cluster_after_miss(const pl_cluster *cl, const pl_key *key, unsigned hops, int foreign,
+                          int recently);
+
 /* Whether <key> is this instance's now (always, without a ring). */
 int pl_cluster_owns(const pl_cluster *cl, const pl_key *key);
 

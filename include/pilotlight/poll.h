@@ -4,6 +4,8 @@
 #ifndef PILOTLIGHT_POLL_H
 #define PILOTLIGHT_POLL_H
 
+#include "pilotlight/config.h"
+#include "pilotlight/engine.h"
 #include "pilotlight/h1.h"
 #include "pilotlight/key.h"
 #include "pilotlight/token.h"
@@ -23,5 +25,43 @@
 int pl_poll_key(const pl_request *req, pl_token_verifier *verifier, int enforce,
                 double now, pl_key *key, pl_token_claims *claims, int *token,
                 const char **err, char *msg, size_t msglen);
+
+/* What a poll's deployment id was found to be as it parked, kept as its
+ * waiter's tag (engine.h, 7 bits): a reload that tightens the token rules
+ * judges the poll by it, as the token itself is not kept. UNKNOWN (0) is
+ * also what a poll adopted from an older process has: the hand-over does
+ * not carry it. */
+enum {
+    PL_POLL_TRUST_UNKNOWN = 0, /* a token's claim read, never verified here */
+    PL_POLL_TRUST_BARE,        /* a bare deployment id */
+    PL_POLL_TRUST_INVALID,     /* a token that failed verification */
+    PL_POLL_TRUST_CURRENT,     /* valid, signed with the current secret */
+    PL_POLL_TRUST_PREVIOUS,    /* valid, signed with the previous secret */
+};
+
+/* The tag of a poll keyed by pl_poll_key() (<token>, <claims>, <key> as it
+ * filled them) from <req>. */
+unsigned pl_poll_trust(int token, const pl_token_claims *claims, const pl_key *key,
+                       const pl_request *req);
+
+/* A reload's view of the parked polls' tags: they name the secrets of
+ * <old>, the configuration in force until now. */
+typedef struct {
+    const pl_config *old, *next;
+    int remap;   /* the secrets changed */
+    int enforce; /* enforce's rules apply anew */
+} pl_poll_rejudge;
+
+/* Fills <r> for a reload from <old> to <next>. Returns whether a parked
+ * poll can be refused under <next>, so that judging them is worth it. */
+int pl_poll_rejudge_init(pl_poll_rejudge *r, const pl_config *old, const pl_config *next);
+
+/* pl_engine_settle_if()'s judge (<arg> a pl_poll_rejudge): nonzero when a
+ * new poll with the same deployment id would be refused under <next>, as
+ * far as the tag tells, with *why the 401's reason (NULL: never verified
+ * here, to be closed unanswered so its controller polls again and is
+ * judged then); else *tag is what it names under <next>. Expiry is not
+ * judged again: a token is checked when its poll parks. */
+int pl_poll_rejudge_one(const pl_waiter_info *info, unsigned *tag, const void **why, void *arg);
 
 #endif

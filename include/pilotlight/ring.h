@@ -51,6 +51,10 @@ uint64_t pl_ring_key_hash(const pl_key *k);
  * that ranks it highest. <r> must have a member. */
 size_t pl_ring_owner(const pl_ring *r, uint64_t kh);
 
+/* The owner of that key were member <skip> not there (the owner before it
+ * joined); r->n when it is the only member. */
+size_t pl_ring_owner_but(const pl_ring *r, uint64_t kh, size_t skip);
+
 /* Splits a member's name "host:port" (an IPv6 host in [], <len> bytes)
  * into <host> (NUL-terminated, without brackets, <cap> bytes) and *port.
  * The host may be a DNS name; it becomes part of a URL, so it holds no

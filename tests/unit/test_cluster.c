@@ -97,6 +97,37 @@ static void test_hops(void)
     CHECK_EQ(foreign, 0);
 }
 
+/* A dispatch that found nobody: sent on only where a poll may be while
+ * views disagree, never past the hop bound. */
+static void test_after_miss(void)
+{
+    pl_cluster four, three, alone;
+    int checked = 0;
+
+    ring_of(&four, 4, 3); /* 10.0.0.4 has just joined */
+    ring_of(&three, 3, 0);
+    ring_of(&alone, 1, 0);
+    for (int i = 0; i < KEYS; i++) {
+        char buf[32];
+        pl_key k = key_n(i, buf, sizeof(buf));
+        size_t owner = pl_cluster_owner(&four, &k);
+        int before = (int)pl_cluster_owner(&three, &k); /* the ring without the newcomer */
+
+        if (owner == 3) { /* the newcomer's key: the others held its polls */
+            CHECK_EQ(pl_cluster_after_miss(&four, &k, 0, 0, 1), before);
+            CHECK_EQ(pl_cluster_after_miss(&four, &k, 1, 0, 1), before);
+            CHECK_EQ(pl_cluster_after_miss(&four, &k, 2, 0, 1), -1);
+            CHECK_EQ(pl_cluster_after_miss(&four, &k, 0, 0, 0), -1); /* long since */
+            checked++;
+        } else { /* served here only as redirected: its owner here */
+            CHECK_EQ(pl_cluster_after_miss(&four, &k, 1, 1, 0), (int)owner);
+            CHECK_EQ(pl_cluster_after_miss(&four, &k, 2, 1, 0), -1);
+        }
+        CHECK_EQ(pl_cluster_after_miss(&alone, &k, 0, 0, 1), -1);
+    }
+    CHECK(checked > 0);
+}
+
 static void test_read_hop(void)
 {
     static const char *bad[] = {
@@ -173,6 +204,7 @@ int main(void)
     RUN(test_no_ring_serves_everything);
     RUN(test_owner_serves_others_redirect);
     RUN(test_hops);
+    RUN(test_after_miss);
     RUN(test_read_hop);
     RUN(test_location_and_signature);
     return unit_finish();

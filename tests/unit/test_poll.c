@@ -317,6 +317,83 @@ static void test_token_enforced(void)
     CHECK_EQ(token, PL_TOKEN_UNCHECKED);
 }
 
+/* What each poll's deployment id was found to be, as its waiter's tag. */
+static void test_trust_tags(void)
+{
+    good();
+    CHECK_EQ(key_of(OFF), 0);
+    CHECK_EQ(pl_poll_trust(token, &claims, &key, &req), PL_POLL_TRUST_BARE);
+    set(PL_HDR_DEPLOYMENT_ID, mint("any-secret", CLAIMS("deployment_tok", "20250101.1")));
+    CHECK_EQ(key_of(OFF), 0); /* a claim read, not verified */
+    CHECK_EQ(pl_poll_trust(token, &claims, &key, &req), PL_POLL_TRUST_UNKNOWN);
+    CHECK_EQ(key_of(LOG), 0); /* verified: a wrong secret */
+    CHECK_EQ(pl_poll_trust(token, &claims, &key, &req), PL_POLL_TRUST_INVALID);
+    set(PL_HDR_DEPLOYMENT_ID, mint(SECRET, CLAIMS("deployment_tok", "20250101.1")));
+    CHECK_EQ(key_of(LOG), 0);
+    CHECK_EQ(pl_poll_trust(token, &claims, &key, &req), PL_POLL_TRUST_CURRENT);
+    claims.previous = 1;
+    CHECK_EQ(pl_poll_trust(token, &claims, &key, &req), PL_POLL_TRUST_PREVIOUS);
+}
+
+static int judged(const pl_config *old, const pl_config *next, unsigned *tag, const char **why)
+{
+    pl_poll_rejudge r;
+    const void *w = "unset";
+    int rc;
+
+    pl_poll_rejudge_init(&r, old, next);
+    rc = pl_poll_rejudge_one(NULL, tag, &w, &r);
+    *why = w;
+    return rc;
+}
+
+/* A reload's rules applied to the tags: who is refused, with what, and
+ * what each tag names after a change of secrets. */
+static void test_rejudge(void)
+{
+    pl_config old, next;
+    const char *why;
+    unsigned tag;
+
+    memset(&old, 0, sizeof(old));
+    strcpy(old.token_secret, "s1");
+    old.token_mode = PL_TOKEN_MODE_LOG;
+    next = old;
+    {
+        pl_poll_rejudge r;
+        CHECK_EQ(pl_poll_rejudge_init(&r, &old, &next), 0); /* nothing tightens */
+    }
+    /* enforce turned on: valid ones stay, the rest are refused */
+    next.token_mode = PL_TOKEN_MODE_ENFORCE;
+    tag = PL_POLL_TRUST_CURRENT;
+    CHECK_EQ(judged(&old, &next, &tag, &why), 0);
+    CHECK_EQ(tag, PL_POLL_TRUST_CURRENT);
+    tag = PL_POLL_TRUST_BARE;
+    CHECK(judged(&old, &next, &tag, &why) && strcmp(why, "a signed deployment token is required") == 0);
+    tag = PL_POLL_TRUST_INVALID;
+    CHECK(judged(&old, &next, &tag, &why) && strcmp(why, "invalid deployment token") == 0);
+    tag = PL_POLL_TRUST_UNKNOWN; /* never verified: closed, asked again */
+    CHECK(judged(&old, &next, &tag, &why) && why == NULL);
+    /* a rotation under enforce: s1 becomes the previous secret, s2 new */
+    old.token_mode = PL_TOKEN_MODE_ENFORCE;
+    strcpy(next.token_secret, "s2");
+    strcpy(next.token_secret_previous, "s1");
+    tag = PL_POLL_TRUST_CURRENT;
+    CHECK_EQ(judged(&old, &next, &tag, &why), 0);
+    CHECK_EQ(tag, PL_POLL_TRUST_PREVIOUS);
+    tag = PL_POLL_TRUST_INVALID; /* a new secret may verify it */
+    CHECK(judged(&old, &next, &tag, &why) && why == NULL);
+    /* s1 dropped: what it signed is invalid now */
+    next.token_secret_previous[0] = '\0';
+    tag = PL_POLL_TRUST_CURRENT;
+    CHECK(judged(&old, &next, &tag, &why) && strcmp(why, "invalid deployment token") == 0);
+    /* new secrets under log: tags follow, nobody is refused */
+    next.token_mode = PL_TOKEN_MODE_LOG;
+    tag = PL_POLL_TRUST_CURRENT;
+    CHECK_EQ(judged(&old, &next, &tag, &why), 0);
+    CHECK_EQ(tag, PL_POLL_TRUST_INVALID);
+}
+
 int main(void)
 {
     verifier = pl_token_verifier_new((const unsigned char *)SECRET, strlen(SECRET));
@@ -330,6 +407,8 @@ int main(void)
     RUN(test_token_off);
     RUN(test_token_logged);
     RUN(test_token_enforced);
+    RUN(test_trust_tags);
+    RUN(test_rejudge);
     pl_token_verifier_free(verifier);
     return unit_finish();
 }
