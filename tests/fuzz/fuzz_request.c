@@ -230,6 +230,7 @@ static int on_settle(void *p, pl_outcome outcome, const void *arg)
         break;
     case PL_OUTCOME_HANDED_OVER: /* only a binary upgrade hands over */
     case PL_OUTCOME_REVOKED:     /* only a reload revokes */
+    case PL_OUTCOME_MOVED:       /* only a ring moves polls */
     case PL_OUTCOME_ABORTED:     /* never a callback: pl_engine_confirm's alone */
     case PL_OUTCOME__COUNT:
         CHECK(0);
