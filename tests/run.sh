@@ -7,7 +7,8 @@
 # the sanitizer build (the impaired-network matrix against the released one
 # only), the black-box suite once more under valgrind (the plain build), a
 # short soak, and the libFuzzer targets (their own clang build); ends with
-# one line of totals: "N passed, N failed, N skipped".
+# one line of totals: "N passed, N failed" (after the skipped count and the
+# time taken).
 #
 # While working, run the part you touch: `meson test -C build --suite unit`
 # (every unit test, in seconds), or one pytest file (tests/README.md).
@@ -31,12 +32,13 @@ add() { passed=$((passed + $1)); failed=$((failed + $2)); skipped=$((skipped + $
 
 # Unit tests: each RUN() line of each test binary counts once.
 unit() { # unit BUILDDIR LABEL
+    local t0=$SECONDS
     meson test -C "$1" --suite unit --print-errorlogs --verbose >"$out/unit-$2.log" 2>&1
     local rc=$? ok bad
     ok=$(grep -cE '^ok  ' "$out/unit-$2.log")
     bad=$(grep -cE '^FAIL ' "$out/unit-$2.log")
     [ $rc -ne 0 ] && [ "$bad" -eq 0 ] && bad=1 # a crash before any RUN line
-    echo "unit ($2): $ok passed, $bad failed"
+    echo "unit ($2): $ok passed, $bad failed ($((SECONDS - t0)) s)"
     [ "$bad" -gt 0 ] && grep -E 'FAIL|failed|ERROR|Sanitizer|runtime error' "$out/unit-$2.log" | head -40
     add "$ok" "$bad"
 }
@@ -46,7 +48,7 @@ unit() { # unit BUILDDIR LABEL
 # other programs: Trigger.dev's client, HAProxy, Prometheus, k6, Compose,
 # the manifests, the load tools).
 pysuite() { # pysuite DIR BINARY LABEL [pytest args...]
-    local dir=$1 bin=$2 label=$3 what res counts
+    local dir=$1 bin=$2 label=$3 what res counts t0=$SECONDS
     shift 3
     what=$(basename "$dir")
     [ "$what" = blackbox ] && what=black-box
@@ -66,7 +68,7 @@ print(tests - fail - skip, fail, skip)
 PY
 )
     set -- $counts
-    echo "$what ($label): $1 passed, $2 failed, $3 skipped"
+    echo "$what ($label): $1 passed, $2 failed, $3 skipped ($((SECONDS - t0)) s)"
     [ "$2" -gt 0 ] && tail -60 "$res.log"
     add "$1" "$2" "$3"
 }
@@ -80,10 +82,11 @@ fi
 # The black-box suite runs against what the README's first command builds:
 # deploy/build.sh, release, LTO and profile-guided; the build must have trained
 # and used its profile.
+t0=$SECONDS
 if deploy/build.sh build-release >"$out/release.log" 2>&1 &&
         ls build-release/pilotlight.p/*.gcda >/dev/null 2>&1 &&
         grep -q -- '-fprofile-use' build-release/build.ninja; then
-    echo "release build (profile-guided): 1 passed, 0 failed"; add 1 0
+    echo "release build (profile-guided): 1 passed, 0 failed ($((SECONDS - t0)) s)"; add 1 0
     pysuite tests/blackbox "$root/build-release/pilotlight" release
     pysuite tests/interop "$root/build-release/pilotlight" release
 else
@@ -117,8 +120,9 @@ find "$out/valgrind" -name 'vg.*.log' -size +0 -exec sh -c 'echo "== $1"; head -
 
 # A short soak (loadtest/soak runs the long one): churn, then a full house;
 # fails on a broken ledger, a poll left behind, or RSS creeping up.
+t0=$SECONDS
 if loadtest/soak --short "$root/build" >"$out/soak.log" 2>&1; then
-    echo "soak (short): 1 passed, 0 failed"; add 1 0
+    echo "soak (short): 1 passed, 0 failed ($((SECONDS - t0)) s)"; add 1 0
 else
     echo "soak (short): 0 passed, 1 failed"; tail -20 "$out/soak.log"; add 0 1
 fi
@@ -126,16 +130,18 @@ grep '^soak:' "$out/soak.log"
 
 # libFuzzer: replay every committed corpus, then fuzz each target briefly
 # (tests/fuzz/run.sh SECONDS fuzzes for longer).
+t0=$SECONDS
 tests/fuzz/run.sh "${PL_FUZZ_SECONDS:-5}" >"$out/fuzz.log" 2>&1
 line=$(grep -E '^fuzz: [0-9]+ passed, [0-9]+ failed' "$out/fuzz.log" | tail -1)
 if [ -n "$line" ]; then
     set -- $line
-    echo "$line"
+    echo "$line ($((SECONDS - t0)) s)"
     add "$2" "$4"
     [ "$4" -gt 0 ] && tail -40 "$out/fuzz.log"
 else
     echo "fuzz: did not run"; tail -40 "$out/fuzz.log"; add 0 1
 fi
 
-echo "$passed passed, $failed failed, $skipped skipped"
+echo "$skipped skipped; $SECONDS s in all"
+echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
