@@ -327,7 +327,9 @@ void pl_broker_ring_changed(pl_broker *b, const pl_ring *ring, int self)
     b->cluster.self = self;
     b->cluster.on = 1;
     b->metrics.ring_on = 1;
-    b->metrics.ring_members = ring->n;
+    /* Not a member (left to drain, or not yet among ring_dns's addresses):
+     * 0, so a sum or count over instances leaves it out. */
+    b->metrics.ring_members = self >= 0 ? ring->n : 0;
     b->metrics.ring_changes++;
     if (!b->closing)
         move_foreign(b);

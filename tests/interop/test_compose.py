@@ -4,7 +4,10 @@ a stand-in for the supervisor service of Trigger.dev's Docker Compose
 self-hosting. What must hold in the merged result: pilotlight on a network
 the run containers join, a health check on /healthz, the supervisor's
 environment pointing at it (its own settings kept), and an environment the
-pilotlight binary accepts (--check-config). No container is started.
+pilotlight binary accepts (--check-config). With docker-compose.ring.yml
+merged last as well: several replicas whose ring_dns names an alias they
+all carry on one network, which the run containers and the supervisor both
+join, at the port they listen on. No container is started.
 
 Skipped, saying why, only where docker-compose is not installed
 (deploy/install-deps.sh --test installs Debian's).
@@ -23,6 +26,7 @@ from conftest import REPO_ROOT, run_binary
 COMPOSE_DIR = REPO_ROOT / "deploy" / "compose"
 STANDIN = COMPOSE_DIR / "test" / "supervisor-standin.yml"
 DROPIN = COMPOSE_DIR / "docker-compose.pilotlight.yml"
+RING = COMPOSE_DIR / "docker-compose.ring.yml"
 DOCKER_COMPOSE = shutil.which("docker-compose")
 
 pytestmark = pytest.mark.skipif(
@@ -30,14 +34,15 @@ pytestmark = pytest.mark.skipif(
     reason="docker-compose is not installed (deploy/install-deps.sh --test installs Debian's)")
 
 
-def merged(**env):
-    """`docker-compose config` of the stand-in with the drop-in over it."""
+def merged(*more, **env):
+    """`docker-compose config` of the stand-in with the drop-in over it, and
+    then the files <more>."""
     e = {k: v for k, v in os.environ.items()
          if not k.startswith(("PILOTLIGHT_", "TRIGGER_", "COMPOSE_"))}
     e.update(env)
-    p = subprocess.run([DOCKER_COMPOSE, "--project-name", "trigger", "-f", str(STANDIN),
-                        "-f", str(DROPIN), "config"], cwd=STANDIN.parent, env=e,
-                       capture_output=True, text=True, timeout=60)
+    files = [a for f in (STANDIN, DROPIN) + more for a in ("-f", str(f))]
+    p = subprocess.run([DOCKER_COMPOSE, "--project-name", "trigger", *files, "config"],
+                       cwd=STANDIN.parent, env=e, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     return yaml.safe_load(p.stdout)
 
@@ -114,3 +119,45 @@ def test_split_dispatch_listener():
     # A name, resolved when pilotlight starts: --check-config stays offline.
     got = check_config_accepts(pl["environment"])
     assert got["dispatch_listen"] == "pilotlight-dispatch:8081"
+
+
+def check_ring(cfg):
+    """The replicas' ring: returns (pilotlight, its checked settings)."""
+    pl, sup, runner_nets, durl = check_merged(cfg)
+    env = pl["environment"]
+    assert int(pl["deploy"]["replicas"]) >= 2
+    # ring_dns names an alias every replica carries on exactly one network
+    # (the service's own name resolves on each of its networks: a replica
+    # would join the ring twice), at the port each replica listens on.
+    host, port = env["PILOTLIGHT_RING_DNS"].rsplit(":", 1)
+    nets = [n for n in networks_of(pl) if host in names_on(pl, n)]
+    assert len(nets) == 1 and host != "pilotlight", (host, networks_of(pl))
+    assert int(port) == int(env["PILOTLIGHT_LISTEN"].rsplit(":", 1)[1])
+    # A redirect names the owner by that address: the run containers and
+    # the supervisor must both reach it.
+    assert nets[0] in runner_nets and nets[0] in networks_of(sup), nets
+    # One listener: a redirected dispatch goes to the owner's ring address
+    # at the dispatch port, which a split listener would not bind there.
+    assert env["PILOTLIGHT_DISPATCH_LISTEN"] == ""
+    assert durl.port == int(port), durl
+    got = check_config_accepts(env)
+    assert got["ring_dns"] == env["PILOTLIGHT_RING_DNS"] and got["ring_self"] == ""
+    assert got["dispatch_listen"] == ""
+    return pl, got
+
+
+def test_ring_of_replicas():
+    pl, _ = check_ring(merged(RING))
+    assert pl["deploy"]["replicas"] == 3
+    assert merged(RING, PILOTLIGHT_REPLICAS="5")["services"]["pilotlight"]["deploy"][
+        "replicas"] == 5
+
+
+def test_ring_overrides_a_split_listener_left_in_the_environment():
+    """A .env written for the split listener, then the ring file: the
+    replicas run one listener and the supervisor dispatches to it."""
+    cfg = merged(RING, PILOTLIGHT_DISPATCH_LISTEN="pilotlight-dispatch:8081",
+                 TRIGGER_WARM_START_DISPATCH_URL="http://pilotlight-dispatch:8081")
+    check_ring(cfg)
+    assert cfg["services"]["supervisor"]["environment"]["TRIGGER_WARM_START_DISPATCH_URL"] \
+        == "http://pilotlight:8080"

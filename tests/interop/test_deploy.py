@@ -1,10 +1,15 @@
 """The deployment files agree with the binary: the Kubernetes manifests pass
 yamllint and use the binary's default port, its health/readiness/metrics
-paths and a config file it accepts; the Dockerfile exposes and probes the
-same; the systemd unit passes `systemd-analyze verify`.
+paths and a config file it accepts; their key ring is wired together (the
+name the pods resolve is their headless Service, at the port they listen
+on, and a pod started with that config finds itself in it); the Dockerfile
+exposes and probes the same; the systemd unit passes `systemd-analyze
+verify`.
 
 Tools come from deploy/install-deps.sh --test (yamllint, python3-yaml,
-systemd-analyze); a test whose tool is missing skips and says which.
+systemd-analyze); a test whose tool is missing skips and says which
+(kubectl, for `kubectl kustomize`, is not installed there: that test skips
+without it).
 """
 
 import os
@@ -16,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import EXAMPLE, dispatch_raw, get, run_binary
+from conftest import EXAMPLE, assert_ledger, dispatch_raw, free_port, get, run_binary, scrape
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = REPO_ROOT / "deploy"
@@ -76,6 +81,25 @@ def container_port(name_or_number):
     return p["containerPort"]
 
 
+def env_of(c):
+    """[(name, value or valueFrom)] of a container, in order."""
+    return [(e["name"], e.get("value", e.get("valueFrom"))) for e in c.get("env", [])]
+
+
+def expand(value, env):
+    """A container env value with its $(NAME) references to the variables
+    defined before it replaced, as the kubelet does; fails on any other."""
+    def ref(m):
+        assert m.group(1) in env, f"$({m.group(1)}) is not defined before it is used"
+        return env[m.group(1)]
+    return re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", ref, value)
+
+
+def headless():
+    (s,) = [s for s in manifests()["Service"] if s["spec"].get("clusterIP") == "None"]
+    return s
+
+
 def configmap_file():
     (data,) = one("ConfigMap")["data"].values()
     return data
@@ -128,8 +152,9 @@ def test_ports_match_the_binary_default():
     dport = port_of(cfg["dispatch_listen"])
     assert container_port("dispatch") == dport != port
     services = {s["metadata"]["name"]: s for s in manifests()["Service"]}
-    assert set(services) == {"pilotlight-controllers", "pilotlight-dispatch"}
-    for name, want in (("pilotlight-controllers", port), ("pilotlight-dispatch", dport)):
+    assert set(services) == {"pilotlight-controllers", "pilotlight-dispatch", "pilotlight-ring"}
+    for name, want in (("pilotlight-controllers", port), ("pilotlight-dispatch", dport),
+                       ("pilotlight-ring", port)):
         (p,) = services[name]["spec"]["ports"]
         assert container_port(p["targetPort"]) == want, name
     pod_ann = one("Deployment")["spec"]["template"]["metadata"]["annotations"]
@@ -207,7 +232,7 @@ def test_deployment_is_locked_down_and_mounts_its_config():
     assert sc["capabilities"]["drop"] == ["ALL"]
     assert c["resources"]["requests"]["cpu"] and c["resources"]["requests"]["memory"]
     assert c["resources"]["limits"]["memory"]
-    env = {e["name"]: e["value"] for e in c["env"]}
+    env = dict(env_of(c))
     (mount,) = c["volumeMounts"]
     (vol,) = [v for v in spec["volumes"] if v["name"] == mount["name"]]
     assert vol["configMap"]["name"] == one("ConfigMap")["metadata"]["name"]
@@ -216,16 +241,118 @@ def test_deployment_is_locked_down_and_mounts_its_config():
     assert cfg_path.name in one("ConfigMap")["data"]
 
 
-def test_grace_period_covers_prestop_drain_and_shutdown():
+def test_grace_period_covers_the_drain_and_shutdown():
     spec, c = pod_spec(), container()
-    cmd = c["lifecycle"]["preStop"]["exec"]["command"]
-    assert cmd[1:2] == ["sleep"]
-    # The preStop program exists in the image (the Dockerfile copies it).
-    _, text = dockerfile_final_stage()
-    assert f"/rootfs{cmd[0]}" in text
+    # SIGTERM at once: a preStop sleep would keep the pod in its own ring
+    # while the others drop it as the headless Service forgets it.
+    assert "preStop" not in c.get("lifecycle", {})
     cfg = config_lines(configmap_file())
-    need = int(cmd[2]) + (int(cfg["drain_delay_ms"]) + int(cfg["shutdown_timeout_ms"])) / 1000
+    need = (int(cfg["drain_delay_ms"]) + int(cfg["shutdown_timeout_ms"])) / 1000
     assert spec["terminationGracePeriodSeconds"] >= need + 5
+    # While it drains, the pod answers /readyz 503: every peer drops it at
+    # its next check (ring_check_ms), or after a check left unanswered
+    # (ring_check_timeout_ms), before the listener closes: no redirect is
+    # sent to a closed port.
+    eff = binary_defaults()
+    eff.update(cfg)
+    assert int(eff["drain_delay_ms"]) > int(eff["ring_check_ms"]) + int(eff["ring_check_timeout_ms"])
+
+
+# --------------------------------------------------------------------------
+# Kubernetes: the key ring
+# --------------------------------------------------------------------------
+
+def test_ring_dns_names_the_headless_service_at_the_listen_port():
+    svc = headless()
+    name, spec = svc["metadata"]["name"], svc["spec"]
+    # Only ready pods are in the name: a starting pod joins once it answers
+    # /readyz, a draining one (503) is left out.
+    assert spec["publishNotReadyAddresses"] is False
+    labels = one("Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert spec["selector"].items() <= labels.items()
+    (port,) = spec["ports"]
+    listen = port_of(config_lines(configmap_file())["listen"])
+    assert container_port(port["targetPort"]) == port["port"] == listen
+
+    env = dict(env_of(container()))
+    ns = env["POD_NAMESPACE"]
+    assert ns == {"fieldRef": {"fieldPath": "metadata.namespace"}}, ns
+    names = [n for n, _ in env_of(container())]
+    assert names.index("POD_NAMESPACE") < names.index("PILOTLIGHT_RING_DNS")
+    ring_dns = expand(env["PILOTLIGHT_RING_DNS"], {"POD_NAMESPACE": "team-a"})
+    assert ring_dns == f"{name}.team-a.svc.cluster.local:{listen}"
+    # The ring is configured in one place only: no list, no self.
+    cfg = config_lines(configmap_file())
+    assert not {"ring_peers", "ring_self", "ring_dns"} & set(cfg)
+    assert one("Deployment")["spec"]["replicas"] >= 2
+
+
+def test_ring_peers_ask_the_readiness_path_on_the_ring_port():
+    """Peers ask /readyz on the port ring_dns names: the same answer the
+    kubelet's readiness probe gets, on the same listener."""
+    probe = container()["readinessProbe"]["httpGet"]
+    assert probe["path"] == "/readyz"
+    (port,) = headless()["spec"]["ports"]
+    assert container_port(probe["port"]) == container_port(port["targetPort"])
+
+
+def test_configmap_and_ring_env_are_accepted_by_the_binary(tmp_path):
+    f = tmp_path / "pilotlight.conf"
+    f.write_text(configmap_file())
+    env = dict(env_of(container()))
+    ring_dns = expand(env["PILOTLIGHT_RING_DNS"], {"POD_NAMESPACE": "default"})
+    rc, out, err = run_binary("--check-config", "--config", str(f),
+                              env={"PILOTLIGHT_RING_DNS": ring_dns})
+    assert rc == 0, err
+    got = config_lines(out)
+    assert got["ring_dns"] == ring_dns and got["ring_self"] == "" and got["ring_peers"] == ""
+
+
+def test_a_pod_with_the_manifest_config_finds_itself_in_the_ring(start_server, tmp_path):
+    """The pod's config with ring_dns naming this host (localhost) at the
+    port it listens on: it finds itself among the name's addresses, as a
+    pod finds its own address in the headless Service, and serves every
+    key as a ring of one; on SIGTERM it leaves the ring while it still
+    answers."""
+    f = tmp_path / "pilotlight.conf"
+    f.write_text(configmap_file())
+    port = free_port()
+    s = start_server("--config", str(f), "--listen", f"127.0.0.1:{port}",
+                     "--dispatch-listen", "127.0.0.1:0", "--drain-delay-ms", "1000",
+                     env={"PILOTLIGHT_RING_DNS": f"localhost:{port}"})
+    ports = listeners(s)
+    s.port = ports["dispatch"]  # /metrics, and the teardown's ledger check
+    deadline = time.monotonic() + 5
+    while True:
+        ring = [r for r in s.log_lines() if r.get("msg") == "ring changed"]
+        if any(r.get("self") == 0 for r in ring) or time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
+    assert ring and ring[-1]["self"] == 0 and ring[-1]["members"] == 1, ring
+    assert scrape(ports["dispatch"]).get("pilotlight_ring_members") == 1
+    # Served here, not redirected.
+    assert dispatch_raw(ports["dispatch"], {"dequeuedMessage": EXAMPLE}).status == 200
+    # SIGTERM (no preStop): it leaves the ring at once, and counts no
+    # members while its drain delay runs.
+    assert_ledger(scrape(ports["dispatch"]))
+    s.sigterm()
+    m = s.wait_metrics(lambda m: m.get("pilotlight_ring_members") == 0, what="leaving the ring")
+    assert m.get("pilotlight_ring_changes_total") >= 2
+    assert get(ports["controllers"], "/readyz").status == 503
+    assert s.wait_exit() == 0
+
+
+def test_kustomize_renders_every_object():
+    exe = shutil.which("kubectl")
+    if exe is None:
+        pytest.skip("kubectl is not installed (not part of deploy/install-deps.sh)")
+    r = subprocess.run([exe, "kustomize", str(K8S)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    yaml = need_yaml()
+    kinds = sorted((d["kind"], d["metadata"]["name"]) for d in yaml.safe_load_all(r.stdout) if d)
+    want = sorted((d["kind"], d["metadata"]["name"]) for p in sorted(K8S.glob("*.yaml"))
+                  if p.name != "kustomization.yaml" for d in yaml.safe_load_all(p.read_text()) if d)
+    assert kinds == want
 
 
 def test_services_and_pdb_select_the_pods():

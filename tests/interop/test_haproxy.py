@@ -19,18 +19,20 @@ import base64
 import json
 import os
 import re
+import selectors
 import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import (DECOY_KEYS, HOST, Conn, dispatch_raw, dispatch_vectors, error_of,
-                      free_port, make_message, park, poll_headers, read_payload, request,
-                      run_binary, scrape, assert_ledger)
+from conftest import (DECOY_KEYS, HOST, Conn, ConnectionClosed, build_request, dispatch_raw, dispatch_vectors,
+                      error_of, free_port, make_message, park, poll_headers, read_payload,
+                      request, run_binary, scrape, assert_ledger)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HAPROXY_CFG = REPO_ROOT / "deploy" / "haproxy" / "haproxy.cfg"
@@ -621,6 +623,224 @@ def test_client_cannot_choose_the_route(cluster):
         assert time.monotonic() < deadline, proxy.log()[-2000:]
         time.sleep(0.05)
     assert "evil_route" not in proxy.log()
+
+
+# --------------------------------------------------------------------------
+# A drain under traffic
+# --------------------------------------------------------------------------
+
+class Fleet:
+    """Controllers parked through the proxy, all on one selector thread. Each
+    polls again at once after a run (its next idle period) and after a close
+    without a response (a network error: a real controller backs off first,
+    which would only hide how soon the proxy lets it find its key's new
+    instance). Any other answer is recorded: a real controller exits on it."""
+
+    def __init__(self, port, keys, per_key):
+        self.port = port
+        self.sel = selectors.DefaultSelector()
+        self.lock = threading.Lock()
+        self.runs = {}          # run id -> [key of each controller given it]
+        self.answers = []       # responses other than a run
+        self.closes = 0         # closes without a response
+        self.done = threading.Event()
+        self.requests = []
+        for n, (dep, ver, cpu, mem) in enumerate(k for k in keys for _ in range(per_key)):
+            h = poll_headers(deployment=dep, version=ver, cpu=js_text(cpu), memory=js_text(mem),
+                             controller_id=f"controller_fleet_{n}")
+            self.requests.append(((dep, ver, cpu, mem), build_request("GET", "/warm-start", h)))
+            self._poll(n)
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _poll(self, n):
+        s = socket.create_connection((HOST, self.port), timeout=WAIT)
+        s.sendall(self.requests[n][1])
+        s.setblocking(False)
+        self.sel.register(s, selectors.EVENT_READ, [n, b""])
+
+    def _answered(self, n, raw):
+        head, _, body = raw.partition(b"\r\n\r\n")
+        status = int(head.split(b" ", 2)[1])
+        with self.lock:
+            if status == 200:
+                rid = json.loads(body)["run"]["friendlyId"]
+                self.runs.setdefault(rid, []).append(self.requests[n][0])
+            else:
+                self.answers.append(head.split(b"\r\n", 1)[0].decode())
+
+    @staticmethod
+    def _complete(buf):
+        """The length of the whole response in <buf>, or 0 while partial."""
+        end = buf.find(b"\r\n\r\n")
+        if end < 0:
+            return 0
+        m = re.search(rb"\r\ncontent-length:\s*(\d+)", buf[:end], re.I)
+        total = end + 4 + (int(m.group(1)) if m else 0)
+        return total if len(buf) >= total else 0
+
+    def _run(self):
+        while not self.done.is_set():
+            for sk, _ in self.sel.select(0.05):
+                s, st = sk.fileobj, sk.data
+                try:
+                    data = s.recv(65536)
+                except (BlockingIOError, InterruptedError):
+                    continue
+                except ConnectionResetError:
+                    data = b""
+                st[1] += data
+                if data and not self._complete(st[1]):
+                    continue
+                if data:
+                    self._answered(st[0], st[1])
+                elif st[1]:
+                    with self.lock:
+                        self.answers.append(f"cut short: {st[1][:80]!r}")
+                else:
+                    with self.lock:
+                        self.closes += 1
+                self.sel.unregister(s)
+                s.close()
+                self._poll(st[0])
+
+    def stop(self):
+        self.done.set()
+        self.thread.join(WAIT)
+        for sk in list(self.sel.get_map().values()):
+            sk.fileobj.close()
+        self.sel.close()
+
+
+class Dispatches:
+    """The supervisor: dispatches at <rate> a second, keys in turn, on one
+    kept-alive connection through the proxy (a new one after an error)."""
+
+    def __init__(self, port, keys, rate):
+        self.port, self.keys, self.rate = port, keys, rate
+        self.sent = []          # (monotonic time, run id, key, answer)
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        conn, i, due = None, 0, time.monotonic()
+        while not self.done.is_set():
+            key = self.keys[i % len(self.keys)]
+            rid = f"run_flow_{i}"
+            i += 1
+            dep, ver, cpu, mem = key
+            body = json.dumps({"dequeuedMessage": make_message(
+                deployment=dep, version=ver, cpu=float(cpu), memory=float(mem), run_id=rid)})
+            t = time.monotonic()
+            try:
+                if conn is None:
+                    conn = Conn(self.port, timeout=WAIT)
+                conn.request("POST", "/warm-start", {"Content-Type": "application/json"}, body)
+                r = conn.read_response()
+                answer = r.json()["didWarmStart"] if r.status == 200 else f"status {r.status}"
+            except (OSError, ConnectionClosed) as e:
+                answer = f"error: {e!r}"
+                if conn is not None:
+                    conn.close()
+                conn = None
+            self.sent.append((t, rid, key, answer))
+            due = max(due + 1 / self.rate, time.monotonic() - 1)
+            self.done.wait(max(0.0, due - time.monotonic()))
+        if conn is not None:
+            conn.close()
+
+    def stop(self):
+        self.done.set()
+        self.thread.join(WAIT * 2)
+
+
+def drain_under_traffic(proxy, servers, keys, per_key, rate, victim=None):
+    """Parks <per_key> controllers on each key, dispatches at <rate> a
+    second, and drains one instance (SIGTERM) in the middle of it. Returns
+    what happened, with times relative to the SIGTERM."""
+    fleet = Fleet(proxy.port, keys, per_key)
+    flow = None
+    try:
+        wait_total(servers, "parked_now", len(keys) * per_key, "the fleet to park")
+        per = [scrape(s.port).parked_now for s in servers]
+        if victim is None:
+            victim = max(range(len(servers)), key=lambda i: per[i])
+        survivors = [s for i, s in enumerate(servers) if i != victim]
+        flow = Dispatches(proxy.port, keys, rate)
+        time.sleep(1.5)
+        t_term = time.monotonic()
+        servers[victim].sigterm()
+        proxy.wait_state(victim, "DOWN")
+        t_down = time.monotonic()
+        assert servers[victim].wait_exit() == 0
+        t_exit = time.monotonic()
+        time.sleep(1.5)
+        flow.stop()
+        hits = {rid for _, rid, _, a in flow.sent if a is True}
+        deadline = time.monotonic() + WAIT
+        while True:
+            with fleet.lock:
+                got = set(fleet.runs)
+            if hits <= got or time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
+        wait_total(survivors, "parked_now", len(keys) * per_key, "the fleet to park again")
+    finally:
+        if flow is not None:
+            flow.stop()
+        fleet.stop()
+    return dict(
+        victim=victim, parked_on_victim=per[victim], sent=len(flow.sent), hits=len(hits),
+        down_after=t_down - t_term, exit_after=t_exit - t_term,
+        misses=[(round(t - t_term, 3), rid) for t, rid, _, a in flow.sent if a is False],
+        errors=[(round(t - t_term, 3), rid, a) for t, rid, _, a in flow.sent
+                if a is not True and a is not False],
+        wrong=[(rid, keys_got) for rid, keys_got in fleet.runs.items()
+               if rid not in hits or keys_got != [next(k for _, r, k, _ in flow.sent
+                                                       if r == rid)]],
+        undelivered=sorted(hits - set(fleet.runs)),
+        answers=fleet.answers, closes=fleet.closes)
+
+
+def test_drain_behind_haproxy_loses_no_dispatch(start_server):
+    """One of three instances drains (SIGTERM, the 2 s drain delay the
+    deploy files use) while 300 controllers wait on 100 keys and runs are
+    dispatched 60 a second. The shipped config takes the instance out on its
+    /readyz 503 and closes its sessions at that moment (on-marked-down
+    shutdown-sessions), so its controllers poll again where their keys now
+    go. Without it they stayed parked on the draining instance until its
+    listener closed, while their keys' dispatches went elsewhere: 31-32
+    misses a drain.
+
+    What remains is the hand-over itself: a dispatch for one of the drained
+    instance's keys that reaches HAProxy after the mark-down and before
+    any of that key's controllers has parked again (a few milliseconds)
+    misses. It is not a loss of the proxy's making and cannot be closed by
+    it; the test allows it only in that instant (measured: 3 runs of 35 had
+    one such miss). Every other dispatch hits, none fails, and
+    every run answered true reached exactly one controller of its key."""
+    servers = [start_server("--drain-delay-ms", "2000") for _ in range(3)]
+    keys = [key_of(i, prefix="deployment_flow") for i in range(100)]
+    with tempfile.TemporaryDirectory() as d:
+        proxy = Proxy(servers, d)
+        try:
+            got = drain_under_traffic(proxy, servers, keys, per_key=3, rate=60)
+        finally:
+            proxy.stop()
+    print(json.dumps(got, default=str))
+    # The victim's controllers saw their polls closed, and parked again on
+    # the survivors (drain_under_traffic waited for all of them).
+    assert got["parked_on_victim"] > 0 and got["closes"] > 0, got
+    assert got["sent"] > 200, got
+    assert got["answers"] == [], "a controller was answered (a real one exits)"
+    assert got["undelivered"] == [] and got["wrong"] == [], got
+    # The mark-down is seen through the stats socket, polled every 20 ms:
+    # "the instant" is 100 ms either side of when it was seen.
+    lost = got["misses"] + got["errors"]
+    outside = [m for m in lost if abs(m[0] - got["down_after"]) > 0.1]
+    assert outside == [] and len(lost) <= 2, \
+        f"dispatches lost during the drain (mark-down seen at {got['down_after']:.3f} s): {lost}"
 
 
 # --------------------------------------------------------------------------

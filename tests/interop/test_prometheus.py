@@ -2,8 +2,9 @@
 Prometheus tools (Debian's prometheus package): promtool lints the live
 /metrics output under load, after it and while draining; promtool checks and
 unit-tests the alert rules; and a real Prometheus server scrapes pilotlight
-under pl-loadgen traffic, then evaluates every dashboard query and every
-alert expression through its HTTP API."""
+(a key ring of one, so the ring's series are served too) under pl-loadgen
+traffic, then evaluates every dashboard query and every alert expression
+through its HTTP API."""
 
 import json
 import os
@@ -209,7 +210,13 @@ def prometheus_for():
     shutil.rmtree(tmp, ignore_errors=True)
 
 
-def test_prometheus_evaluates_every_dashboard_query_and_alert(server, prometheus_for):
+def test_prometheus_evaluates_every_dashboard_query_and_alert(start_server, prometheus_for):
+    # A ring of one, so that the key ring's series (served only with a ring)
+    # are there for its panels and alerts; it serves every key itself.
+    port = free_port()
+    me = f"{HOST}:{port}"
+    server = start_server("--listen", me, "--ring-peers", me, "--ring-self", me)
+    server.wait_metrics(lambda m: m.get("pilotlight_ring_members") == 1, what="the ring of one")
     prom = prometheus_for(server.port)
     prom.wait('up{job="pilotlight"} == 1')
     recs, _ = loadgen(server, "--controllers", "60", "--dispatchers", "6", "--keys", "12",
