@@ -376,7 +376,7 @@ void pl_broker_ring_changed(pl_broker *b, const pl_ring *ring, int self)
     b->cluster.self = self;
     b->cluster.on = 1;
     b->metrics.ring_on = 1;
-    b->metrics.ring_members = ring->n;
+    b->metrics.ring_members = self >= 0 ? ring->n : 0; /* 0: not a member (it left) */
     b->metrics.ring_changes++;
     if (!b->closing)
         move_foreign(b);
