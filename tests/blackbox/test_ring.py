@@ -34,6 +34,7 @@ import pytest
 from conftest import (BIN, IO_TIMEOUT, Conn, Server, assert_ledger, check_sanitizers,
                       json_lines, key_of, make_message, poll_headers, run_binary)
 from impair import show
+from test_upgrade import stop_adopted, wait_logged
 
 HOSTS = ["127.0.0.2", "127.0.0.3", "127.0.0.4"]
 CHECK_MS = 100
@@ -206,9 +207,6 @@ class Ring:
         return [s for i, s in enumerate(self.servers) if s is not None and i not in self.killed
                 and s.proc.poll() is None]
 
-    def index(self, name):
-        return self.names.index(name)
-
     def kill(self, i):
         self.killed.add(i)
         self.servers[i].proc.kill()
@@ -235,16 +233,16 @@ class Ring:
         assert answer(r) is False, r
         return name_of(s.host, s.port)
 
-    def keys_owned(self, prefix, want, headers=None):
+    def keys_owned(self, prefix, want, headers=None, count=1):
         """{member name: [key]} for fresh keys key_of(i, prefix) until each
-        member in <want> owns one, as the first instance up sees it."""
+        member in <want> owns <count>, as the first instance up sees it."""
         out = {}
         for i in range(400):
             key = key_of(i, prefix)
             out.setdefault(self.owner(self.up()[0], key, headers), []).append(key)
-            if all(w in out for w in want):
+            if all(len(out.get(w, ())) >= count for w in want):
                 return out
-        raise AssertionError(f"no key owned by each of {want}: {list(out)}")
+        raise AssertionError(f"not {count} keys owned by each of {want}: {out}")
 
     def teardown(self):
         errors = []
@@ -367,7 +365,7 @@ def settle(pollers, timeout=SETTLE_S):
                 p.follow()
 
 
-def deliver_each(ring, pollers, via):
+def deliver_each(pollers, via):
     """Dispatches one run per poller's key through <via> (following its
     redirect): each answers true and reaches that poller."""
     for n, p in enumerate(pollers):
@@ -704,7 +702,7 @@ def test_a_member_that_joins_takes_its_keys_and_only_those(ring, request):
     for j in (0, 1):
         assert m[j].settled("moved") == sum(1 for p in moved if before[p.key] == r.names[j])
     assert m[2].get("pilotlight_ring_hop_served_total", route="poll") == 0
-    deliver_each(r, pollers, a)
+    deliver_each(pollers, a)
 
 
 def test_sigterm_moves_the_polls_then_leaves(ring, request):
@@ -735,7 +733,7 @@ def test_sigterm_moves_the_polls_then_leaves(ring, request):
     m = json_lines(c.stderr())
     assert any(x.get("msg") == "ring: parked polls sent to their keys' owners" and
                x.get("moved") == len(on_c) for x in m), c.stderr()[-3000:]
-    deliver_each(r, pollers, r.servers[1])
+    deliver_each(pollers, r.servers[1])
 
 
 def test_a_killed_member_leaves_the_ring_at_once(ring, request):
@@ -764,7 +762,7 @@ def test_a_killed_member_leaves_the_ring_at_once(ring, request):
         p.send(r.servers[0].host, r.servers[0].port)
     settle(pollers)
     assert all(p.at != r.names[1] for p in pollers), [p.refused for p in pollers]
-    deliver_each(r, pollers, r.servers[2])
+    deliver_each(pollers, r.servers[2])
     assert victim.proc.returncode == -signal.SIGKILL
 
 
@@ -784,7 +782,41 @@ def test_a_stopped_member_leaves_and_comes_back(ring, request):
     key = r.keys_owned("deployment_stop", [r.names[1]])[r.names[1]][0]
     p = Poller(r, key, "ctl_stop", a)
     assert p.follow().name == r.names[1]
-    deliver_each(r, [p], a)
+    deliver_each([p], a)
+
+
+def test_a_binary_upgrade_keeps_the_polls_and_the_place_in_the_ring(ring, subreaper,
+                                                                      request):
+    """SIGUSR2 on a member: the new process adopts its parked polls and,
+    once it sees the others, keeps those of the keys it owns (all of them);
+    dispatches redirected to it reach them. The other member never sees it
+    leave: its check connection is handed over, or checked again at once."""
+    r = ring(2, flags=["--upgrade-binary", BIN])
+    a, b = r.servers
+    keys = r.keys_owned("deployment_upgrade", [r.names[1]], count=3)[r.names[1]]
+    pollers = [Poller(r, key, f"ctl_upgrade_{n}", a) for n, key in enumerate(keys)]
+    for p in pollers:
+        assert p.follow().name == r.names[1]
+    b.wait_parked(len(keys))
+    changes = a.metrics().get("pilotlight_ring_changes_total")
+    t0 = time.monotonic()
+    b.proc.send_signal(signal.SIGUSR2)
+    assert b.wait_exit(timeout=60) == 0
+    new = wait_logged(b, "upgrade: adopted")[-1]["pid"]
+    try:
+        wait_members([a, b], 2)
+        m = b.metrics()
+        assert m.parked_now == len(keys) and m.settled("moved") == 0, m.text
+        assert not readable([p.conn for p in pollers], QUIET_S)
+        show(request, f"upgrade: the new process had its polls and the ring"
+                      f" {time.monotonic() - t0:.2f} s after SIGUSR2")
+        assert a.metrics().get("pilotlight_ring_changes_total") == changes
+        deliver_each(pollers, a)
+        assert_ledger(b.metrics())
+        for c in r.conns:
+            c.close()
+    finally:
+        stop_adopted(b, new)  # then the teardown reads its ledger line and its errors
 
 
 # --------------------------------------------------------------------------
