@@ -6,10 +6,10 @@ set -eu
 
 build_pkgs="build-essential meson ninja-build pkg-config libuv1-dev libcjson-dev uthash-dev node-llhttp libssl-dev"
 # the suites: pytest; clang for the fuzzers; valgrind; iproute2 for the
-# network-namespace tests; haproxy, yamllint, systemd-analyze and docker-compose
-# for deploy/; prometheus (and its promtool) for the metrics, alert rules and
-# dashboard
-test_pkgs="python3 python3-pytest python3-yaml clang libclang-rt-dev valgrind iproute2 haproxy yamllint systemd docker-compose prometheus"
+# network-namespace tests (nftables for their virtual IP); haproxy, yamllint,
+# systemd-analyze and docker-compose for deploy/; prometheus (and its
+# promtool) for the metrics, alert rules and dashboard
+test_pkgs="python3 python3-pytest python3-yaml clang libclang-rt-dev valgrind iproute2 nftables haproxy yamllint systemd docker-compose prometheus"
 test_pkgs="$test_pkgs libjansson-dev" # the dispatch fuzzer's strict JSON oracle
 [ "${1:-}" = "--test" ] && pkgs="$build_pkgs $test_pkgs" || pkgs="$build_pkgs"
 

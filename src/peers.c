@@ -45,7 +45,7 @@ typedef struct cand {
 struct pl_peers {
     uv_loop_t *loop;
     pl_peers_opts o;
-    char list[4096], dns_host[HOST_MAX], self[PL_RING_NAME_MAX];
+    char list[4096], dns_host[HOST_MAX], self[PL_RING_NAME_MAX], self_host[HOST_MAX];
     uint16_t dns_port;
     int use_dns;
     cand *c[PL_RING_MEMBERS_MAX];
@@ -404,6 +404,26 @@ static int local_address(const struct sockaddr *sa)
     return found;
 }
 
+/* Whether <sa> is this instance's address. Several instances on one host
+ * (each on an address of its own) must each find its own, not the first
+ * of the host's: the address it listens on, when that is one; any of the
+ * host's when it listens on a wildcard or a name. */
+static int self_address(const pl_peers *p, const struct sockaddr *sa)
+{
+    struct sockaddr_in a4;
+    struct sockaddr_in6 a6;
+
+    if (uv_ip4_addr(p->self_host, 0, &a4) == 0 && a4.sin_addr.s_addr != htonl(INADDR_ANY))
+        return sa->sa_family == AF_INET &&
+               ((const struct sockaddr_in *)(const void *)sa)->sin_addr.s_addr ==
+                   a4.sin_addr.s_addr;
+    if (uv_ip6_addr(p->self_host, 0, &a6) == 0 && !IN6_IS_ADDR_UNSPECIFIED(&a6.sin6_addr))
+        return sa->sa_family == AF_INET6 &&
+               memcmp(&((const struct sockaddr_in6 *)(const void *)sa)->sin6_addr,
+                      &a6.sin6_addr, 16) == 0;
+    return local_address(sa);
+}
+
 /* "a.b.c.d:port" or "[v6]:port" of <a>, into <name>; returns its length. */
 static int name_of(const struct addrinfo *a, uint16_t port, char name[PL_RING_NAME_MAX])
 {
@@ -443,7 +463,8 @@ static void on_dns(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
         if ((a->ai_family != AF_INET && a->ai_family != AF_INET6) ||
             (len = name_of(a, p->dns_port, name)) <= 0 || len >= PL_RING_NAME_MAX)
             continue;
-        if (p->self[0] == '\0' && p->dns_port == p->o.self_port && local_address(a->ai_addr)) {
+        if (p->self[0] == '\0' && p->dns_port == p->o.self_port &&
+            self_address(p, a->ai_addr)) {
             memcpy(p->self, name, (size_t)len + 1);
             changed = 1;
         }
@@ -535,6 +556,7 @@ static int configure(pl_peers *p, const pl_peers_opts *o, char *err, size_t errl
     p->use_dns = o->dns[0] != '\0';
     snprintf(p->list, sizeof(p->list), "%s", o->list);
     snprintf(p->self, sizeof(p->self), "%s", o->self);
+    snprintf(p->self_host, sizeof(p->self_host), "%s", o->self_host ? o->self_host : "");
     if (p->use_dns)
         pl_ring_split(o->dns, strlen(o->dns), p->dns_host, sizeof(p->dns_host), &p->dns_port);
     pl_ring_each_name(p->list, add_named, p);

@@ -445,6 +445,7 @@ static int start_peers(server *s)
         .list = cfg->ring_peers,
         .dns = cfg->ring_dns,
         .self = cfg->ring_self,
+        .self_host = cfg->listen.host,
         .self_port = cfg->listen.port,
         .check_ms = cfg->ring_check_ms,
         .timeout_ms = cfg->ring_check_timeout_ms,

@@ -172,16 +172,18 @@ class Conn:
     """One client connection with a receive buffer, so pipelined responses
     and interim (1xx) responses can be read one by one."""
 
-    def __init__(self, port, timeout=IO_TIMEOUT, rcvbuf=None):
+    def __init__(self, port, timeout=IO_TIMEOUT, rcvbuf=None, host=HOST):
         """<rcvbuf>: a receive buffer this small (set before connecting, so
-        the window stays small): a client that is slow to take a payload."""
+        the window stays small): a client that is slow to take a payload.
+        <host>: an IPv4 or IPv6 address (without brackets)."""
         if rcvbuf is None:
-            self.sock = socket.create_connection((HOST, port), timeout=timeout)
+            self.sock = socket.create_connection((host, port), timeout=timeout)
         else:
-            self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            self.sock = socket.socket(family, socket.SOCK_STREAM)
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
             self.sock.settimeout(timeout)
-            self.sock.connect((HOST, port))
+            self.sock.connect((host, port))
         self.buf = b""
         self.eof = False
         self.timeout = timeout
@@ -318,9 +320,9 @@ def reset_close(sock):
     sock.close()
 
 
-def request(port, method, path, headers=None, body=None, timeout=IO_TIMEOUT):
+def request(port, method, path, headers=None, body=None, timeout=IO_TIMEOUT, host=HOST):
     """One request on a fresh connection; returns the final response."""
-    c = Conn(port, timeout)
+    c = Conn(port, timeout, host=host)
     try:
         c.request(method, path, headers, body)
         r = c.read_response()
@@ -331,8 +333,8 @@ def request(port, method, path, headers=None, body=None, timeout=IO_TIMEOUT):
         c.close()
 
 
-def get(port, path, headers=None):
-    return request(port, "GET", path, headers)
+def get(port, path, headers=None, host=HOST):
+    return request(port, "GET", path, headers, host=host)
 
 
 def poll_headers(deployment=EX_DEPLOYMENT, version=EX_VERSION, cpu=EX_CPU,
@@ -420,10 +422,10 @@ class Metrics:
         return self.get("pilotlight_keys_now")
 
 
-def scrape(port, conn=None):
+def scrape(port, conn=None, host=HOST):
     """/metrics on a fresh connection, or over <conn> (kept open)."""
     if conn is None:
-        r = get(port, "/metrics")
+        r = get(port, "/metrics", host=host)
     else:
         conn.request("GET", "/metrics")
         r = conn.read_response()
@@ -431,11 +433,11 @@ def scrape(port, conn=None):
     return Metrics(r.body.decode("utf-8"))
 
 
-def assert_ledger(m):
+def assert_ledger(m, host=HOST):
     """parked_now + sum(settled_total) == parked_total (+ adopted_total, the
     polls a binary upgrade handed over from the older process)."""
     if not isinstance(m, Metrics):
-        m = scrape(m)
+        m = scrape(m, host=host)
     now, settled, total = m.parked_now, m.sum("pilotlight_settled_total"), m.parked_total
     total += m.samples.get(("pilotlight_adopted_total", ()), 0.0)
     assert now + settled == total, \
@@ -443,12 +445,12 @@ def assert_ledger(m):
     return m
 
 
-def wait_metrics(port, pred, timeout=5.0, what="condition", conn=None):
+def wait_metrics(port, pred, timeout=5.0, what="condition", conn=None, host=HOST):
     """Scrapes (over <conn> if given) until pred(metrics) is true; returns
     those metrics."""
     deadline = time.monotonic() + timeout
     while True:
-        m = scrape(port, conn)
+        m = scrape(port, conn, host)
         if pred(m):
             return m
         if time.monotonic() > deadline:
@@ -456,29 +458,29 @@ def wait_metrics(port, pred, timeout=5.0, what="condition", conn=None):
         time.sleep(0.02)
 
 
-def wait_parked(port, n, timeout=5.0):
+def wait_parked(port, n, timeout=5.0, host=HOST):
     return wait_metrics(port, lambda m: m.parked_now == n, timeout,
-                        f"parked_now == {n}")
+                        f"parked_now == {n}", host=host)
 
 
 # --------------------------------------------------------------------------
 # Controller polls and dispatches
 # --------------------------------------------------------------------------
 
-def park(port, wait=True, **kw):
+def park(port, wait=True, host=HOST, **kw):
     """Sends a long-poll on its own connection and returns the Conn. With
     <wait>, returns only once the poll reached the engine (parked_total
     went up), so a later dispatch is ordered after it."""
-    before = scrape(port).parked_total if wait else 0
-    c = Conn(port)
+    before = scrape(port, host=host).parked_total if wait else 0
+    c = Conn(port, host=host)
     c.request("GET", "/warm-start", poll_headers(**kw))
     if wait:
         wait_metrics(port, lambda m: m.parked_total >= before + 1,
-                     what="the poll to reach the engine")
+                     what="the poll to reach the engine", host=host)
     return c
 
 
-def dispatch_raw(port, body, headers=None, conn=None):
+def dispatch_raw(port, body, headers=None, conn=None, host=HOST):
     """POST /warm-start with <body> (bytes/str, or an object sent as JSON)."""
     if not isinstance(body, (bytes, str)):
         body = json.dumps(body)
@@ -487,15 +489,15 @@ def dispatch_raw(port, body, headers=None, conn=None):
     if conn is not None:
         conn.request("POST", "/warm-start", h, body)
         return conn.read_response()
-    return request(port, "POST", "/warm-start", h, body)
+    return request(port, "POST", "/warm-start", h, body, host=host)
 
 
-def dispatch(port, message=None, conn=None):
+def dispatch(port, message=None, conn=None, host=HOST):
     """Dispatches {"dequeuedMessage": message}; asserts a well-formed 200
     and returns didWarmStart."""
     if message is None:
         message = EXAMPLE
-    r = dispatch_raw(port, {"dequeuedMessage": message}, conn=conn)
+    r = dispatch_raw(port, {"dequeuedMessage": message}, conn=conn, host=host)
     assert r.status == 200, r
     body = r.json()
     assert set(body) == {"didWarmStart"} and isinstance(body["didWarmStart"], bool), r
@@ -553,6 +555,12 @@ def json_lines(text):
     return out
 
 
+def split_address(address):
+    """("host", port) of "host:port" or "[v6]:port" (the host unbracketed)."""
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
 def wait_stopped(pid, timeout=5.0):
     """Until /proc says <pid> is stopped (SIGSTOP takes effect later)."""
     deadline = time.monotonic() + timeout
@@ -574,6 +582,7 @@ class Server:
                                      env=clean_env(env), preexec_fn=preexec_fn)
         self.port = None
         self.address = None
+        self.host = HOST  # where this test reaches it (see _wait_listening)
         self.conns = []
         self.stopped = False
         self._wait_listening()
@@ -591,7 +600,11 @@ class Server:
             for rec in self.log_lines():
                 if rec.get("msg") == "listening" and "address" in rec:
                     self.address = rec["address"]
-                    self.port = int(self.address.rsplit(":", 1)[1])
+                    host, self.port = split_address(self.address)
+                    # A wildcard is reached on loopback; a given address
+                    # (--listen 127.0.0.2:P, [::1]:P) at that address.
+                    if host not in ("0.0.0.0", "::"):
+                        self.host = host
                     return
             if self.proc.poll() is not None:
                 break
@@ -632,37 +645,37 @@ class Server:
         check_sanitizers(err)
         assert rc == 0, f"pilotlight exited {rc}; stderr:\n{err[-4000:]}"
 
-    # -- conveniences bound to this server's port
+    # -- conveniences bound to this server's address
     def conn(self):
-        c = Conn(self.port)
+        c = Conn(self.port, host=self.host)
         self.conns.append(c)
         return c
 
     def park(self, wait=True, **kw):
-        c = park(self.port, wait=wait, **kw)
+        c = park(self.port, wait=wait, host=self.host, **kw)
         self.conns.append(c)
         return c
 
     def get(self, path, headers=None):
-        return get(self.port, path, headers)
+        return get(self.port, path, headers, host=self.host)
 
     def request(self, method, path, headers=None, body=None):
-        return request(self.port, method, path, headers, body)
+        return request(self.port, method, path, headers, body, host=self.host)
 
     def dispatch(self, message=None, conn=None):
-        return dispatch(self.port, message, conn)
+        return dispatch(self.port, message, conn, host=self.host)
 
     def dispatch_raw(self, body, headers=None, conn=None):
-        return dispatch_raw(self.port, body, headers, conn)
+        return dispatch_raw(self.port, body, headers, conn, host=self.host)
 
     def metrics(self):
-        return scrape(self.port)
+        return scrape(self.port, host=self.host)
 
     def wait_parked(self, n, timeout=5.0):
-        return wait_parked(self.port, n, timeout)
+        return wait_parked(self.port, n, timeout, host=self.host)
 
     def wait_metrics(self, pred, timeout=5.0, what="condition"):
-        return wait_metrics(self.port, pred, timeout, what)
+        return wait_metrics(self.port, pred, timeout, what, host=self.host)
 
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -699,7 +712,7 @@ def start_server():
             if not s.stopped and s.proc.poll() is None:
                 for c in s.conns:
                     c.close()
-                assert_ledger(s.port)
+                assert_ledger(s.port, host=s.host)
         except Exception as e:  # still stop the server
             errors.append(e)
         try:

@@ -28,8 +28,11 @@ typedef struct {
     const char *list;    /* "host:port,host:port,...", or "" */
     const char *dns;     /* "name:port", or "" */
     const char *self;    /* this instance as its peers reach it, "host:port";
-                          * "" with a DNS name: the name's address that is
-                          * one of this host's, with port self_port */
+                          * "" with a DNS name: the name's address this
+                          * instance listens on, with port self_port */
+    const char *self_host; /* the address it listens on (listen's host): with
+                            * a wildcard or a host name, any address of this
+                            * host is taken for it */
     uint16_t self_port;  /* the port this instance listens on */
     uint64_t check_ms;   /* how often each peer's /readyz is asked */
     uint64_t timeout_ms; /* a check not answered within this fails */

@@ -12,17 +12,28 @@ Under delivery = written a vanished controller gets `true` for a run it never
 received: that is what written promises (a live socket took the payload),
 and the test reports it as such.
 
+With a key ring (three instances at 10.78.0.1-3, each controller reaching
+them on its own TCP connection, through a virtual IP that nftables DNATs to
+any of them, or straight to the first without nft, and following the 307 to
+its key's owner; each dispatch sent to an instance that does not own its key
+and followed): the same answers, false for a key whose controllers vanished,
+true and received once for a key with a live controller behind them.
+
 Skipped, with the reason, without root, iproute2 or /dev/net/tun.
 """
 import json
 import select
+import shutil
 import socket
+import subprocess
+import threading
 import time
+import urllib.parse
 
 import pytest
 
 import impair
-from conftest import BIN, EXAMPLE, Metrics, Server, run_binary
+from conftest import BIN, EXAMPLE, Metrics, Server, key_of, run_binary
 
 RTT_MS = 20
 CONFIRM_TIMEOUT_MS = 2000
@@ -192,3 +203,235 @@ def test_written_answers_true_for_a_vanished_controller(net, ns_server, request)
                          " nobody received)")
     assert answer is True and void, "written no longer answers true for a vanished controller:" \
         " update this test and docs/delivery.md"
+
+
+# --------------------------------------------------------------------------
+# With a key ring
+# --------------------------------------------------------------------------
+
+RING_IPS = [impair.SRV_IP, "10.78.0.2", "10.78.0.3"]
+RING_PORT = 8080  # in the server namespace, ours alone
+VIP = "10.78.0.100"
+
+
+def http(sock, raw, buf=b""):
+    """Sends <raw> on <sock> (unless empty) and reads one response:
+    (status, headers, body, rest)."""
+    if raw:
+        sock.sendall(raw)
+    while b"\r\n\r\n" not in buf:
+        buf = impair._recv_more(sock, buf)
+    head, _, buf = buf.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:])}
+    length = int(headers.get("content-length", "0"))
+    while len(buf) < length:
+        buf = impair._recv_more(sock, buf)
+    return int(lines[0].split(" ", 2)[1]), headers, buf[:length], buf[length:]
+
+
+def location(headers):
+    """(host, port, target) of a Location http://HOST:PORT/PATH?QUERY."""
+    u = urllib.parse.urlsplit(headers["location"])
+    return u.hostname, u.port, f"{u.path}?{u.query}"
+
+
+def post_raw(target, body):
+    return (f"POST {target} HTTP/1.1\r\nHost: pilotlight\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+
+def srv_request(net, ip, raw):
+    """One request from inside the server namespace to <ip>:RING_PORT."""
+    def go():
+        with socket.create_connection((ip, RING_PORT), timeout=30) as s:
+            return http(s, raw)[:3]
+    return impair.in_ns(net.srv, go)
+
+
+def ring_metrics(net, ip):
+    status, _, body = srv_request(net, ip, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert status == 200, (status, body[:300])
+    return Metrics(body.decode())
+
+
+def key_message(key, run_id):
+    m = json.loads(json.dumps(EXAMPLE))
+    m["deployment"]["friendlyId"], m["backgroundWorker"]["version"] = key[0], key[1]
+    m["run"]["machine"]["cpu"], m["run"]["machine"]["memory"] = key[2], key[3]
+    m["run"]["friendlyId"] = run_id
+    return json.dumps({"dequeuedMessage": m}).encode()
+
+
+def redirects(m, route):
+    return int(m.get("pilotlight_ring_redirects_total", route=route))
+
+
+def virtual_ip(net):
+    """A virtual IP in the controllers' namespace that nftables DNATs, one
+    connection after another, to each instance (as a Kubernetes Service
+    does). Returns a reason when it cannot be made, else None."""
+    if shutil.which("nft") is None:
+        return "nft is not installed"
+    rules = (f"table ip plvip {{\n chain out {{\n  type nat hook output priority -100;\n"
+             f"  ip daddr {VIP} tcp dport {RING_PORT} dnat to numgen inc mod 3 map {{ "
+             + ", ".join(f"{i} : {ip}" for i, ip in enumerate(RING_IPS)) + " }\n }\n}\n")
+    p = subprocess.run(["ip", "netns", "exec", net.ctl, "nft", "-f", "-"], input=rules,
+                       capture_output=True, text=True, timeout=10)
+    return None if p.returncode == 0 else f"nft refused the rules: {p.stderr.strip()}"
+
+
+@pytest.fixture
+def ring_net(net):
+    """The wire shaped; the instances' addresses on the server side, and
+    the virtual IP on the controller side where nftables can make it; all
+    removed afterwards. Yields the address controllers connect to first
+    and how it is reached."""
+    net.shape(rtt_ms=RTT_MS)
+    added = []
+    try:
+        for ip in RING_IPS[1:]:
+            impair._ip("-n", net.srv, "addr", "add", f"{ip}/32", "dev", net.srv_dev)
+            added.append(ip)
+        why = virtual_ip(net)
+        yield (VIP, "an nftables virtual IP") if why is None else \
+            (RING_IPS[0], f"the first instance's address ({why})")
+    finally:
+        subprocess.run(["ip", "netns", "exec", net.ctl, "nft", "delete", "table", "ip",
+                        "plvip"], capture_output=True, timeout=10)
+        for ip in added:
+            subprocess.run(["ip", "-n", net.srv, "addr", "del", f"{ip}/32", "dev", net.srv_dev],
+                           capture_output=True, timeout=10)
+
+
+def ring_park(net, entry, bind, key, cid, owner_ip, socks):
+    """A long poll from <bind> in the controller namespace, sent to <entry>
+    and, when answered 307, sent again where the Location says, on a new
+    connection from the same address; returns once the owner parked it.
+    Returns the socket it is parked on."""
+    before = ring_metrics(net, owner_ip).parked_total
+
+    def connect(host, target):
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.bind((bind, 0))
+        s.settimeout(10)
+        s.connect((host, RING_PORT))
+        raw = impair.poll_request(key, cid)
+        s.sendall(raw.replace(b"GET /warm-start ", f"GET {target} ".encode(), 1))
+        return s
+    s = impair.in_ns(net.ctl, connect, entry, "/warm-start")
+    socks.append(s)
+    deadline = time.monotonic() + 10
+    while ring_metrics(net, owner_ip).parked_total < before + 1:
+        r, _, _ = select.select([s], [], [], 0.02)
+        if r:
+            status, headers, _, _ = http(s, b"")
+            host, port, target = location(headers)
+            assert status == 307 and (host, port) == (owner_ip, RING_PORT), (status, headers)
+            s.close()
+            s = impair.in_ns(net.ctl, connect, host, target)
+            socks.append(s)
+        assert time.monotonic() < deadline, f"{cid} did not park at {owner_ip}"
+    return s
+
+
+def test_ring_dispatches_to_vanished_controllers_answer_false(net, ring_net, request):
+    """For each of three instances, two keys it owns: one whose two polls
+    come from an address that then vanishes, one with a vanished poll ahead
+    of a live one from another address. Every dispatch goes to an instance
+    that does not own its key and follows the 307. Vanished keys: false;
+    mixed keys: true, received once by the live controller; within the
+    bound of one instance."""
+    entry, how = ring_net
+    names = [f"{ip}:{RING_PORT}" for ip in RING_IPS]
+    servers, socks = [], []
+    try:
+        for ip, name in zip(RING_IPS, names):
+            servers.append(Server(["--listen", name, "--ring-peers", ",".join(names),
+                                   "--ring-self", name, "--ring-check-ms", "100",
+                                   *confirm_args()],
+                                  listen=False, preexec_fn=impair.child_in(net.srv)))
+        deadline = time.monotonic() + 20
+        while any(ring_metrics(net, ip).get("pilotlight_ring_members") != 3 for ip in RING_IPS):
+            assert time.monotonic() < deadline, "the ring did not form"
+            time.sleep(0.05)
+        # two keys owned by each instance: a probe dispatch names the owner
+        owned = {ip: [] for ip in RING_IPS}
+        for i in range(200):
+            key = key_of(i, "deployment_ringvanish")
+            status, headers, body = srv_request(net, RING_IPS[0], post_raw(
+                "/warm-start", key_message(key, "run_probe")))
+            ip = location(headers)[0] if status == 307 else RING_IPS[0]
+            assert status == 307 or impair.answer_of(status, body) is False, (status, body)
+            if len(owned[ip]) < 2:
+                owned[ip].append(key)
+            if all(len(v) == 2 for v in owned.values()):
+                break
+        assert all(len(v) == 2 for v in owned.values()), owned
+        gone_keys = {ip: keys[0] for ip, keys in owned.items()}
+        mixed_keys = {ip: keys[1] for ip, keys in owned.items()}
+        live = {}
+        for n, ip in enumerate(RING_IPS):
+            for j in range(2):
+                ring_park(net, entry, GONE_IP, gone_keys[ip], f"ctl_gone_{n}_{j}", ip, socks)
+            ring_park(net, entry, GONE_IP, mixed_keys[ip], f"ctl_ahead_{n}", ip, socks)
+            live[ip] = ring_park(net, entry, LIVE_IP, mixed_keys[ip], f"ctl_live_{n}", ip, socks)
+        net.drop_ip(GONE_IP)
+
+        runs = []
+        for n, ip in enumerate(RING_IPS):
+            via = RING_IPS[(n + 1) % 3]
+            runs.append((f"run_gone_{n}", gone_keys[ip], via, ip))
+            runs.append((f"run_live_{n}", mixed_keys[ip], via, ip))
+        answers = {}
+
+        def dispatch_one(run_id, key, via, owner_ip):
+            impair.enter(net.srv)
+            body = key_message(key, run_id)
+            t0 = time.monotonic()
+            try:
+                with socket.create_connection((via, RING_PORT), timeout=60) as s:
+                    status, headers, _, _ = http(s, post_raw("/warm-start", body))
+                host, port, target = location(headers)
+                assert status == 307 and host == owner_ip, (status, headers)
+                with socket.create_connection((host, port), timeout=60) as s:
+                    status, _, resp, _ = http(s, post_raw(target, body))
+                answers[run_id] = (impair.answer_of(status, resp), time.monotonic() - t0, None)
+            except Exception as e:  # reported with the answers
+                answers[run_id] = (None, time.monotonic() - t0, repr(e))
+        threads = [threading.Thread(target=dispatch_one, args=r, daemon=True) for r in runs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        bound = answer_bound_s(CONFIRM_TIMEOUT_MS, CONFIRM_WAIT_MAX_MS)
+        got = {ip: received(live[ip], bound) for ip in RING_IPS}
+        again = {ip: not nothing_arrives(live[ip], 0.5) for ip in RING_IPS}
+        receipts = [(f"ctl_live_{n}", got[ip]) for n, ip in enumerate(RING_IPS) if got[ip]]
+        figures = impair.tally([r[0] for r in runs], answers, receipts)
+        ms = [ring_metrics(net, ip) for ip in RING_IPS]
+        per = [(redirects(m, "poll"), redirects(m, "dispatch")) for m in ms]
+        text = ", ".join(f"{r} {a} in {t * 1000:.0f} ms" + (f" ({e})" if e else "")
+                         for r, (a, t, e) in sorted(answers.items()))
+        impair.show(request, f"ring of 3, controllers through {how}; confirm: {text};"
+                             f" received {got}; bound {bound:.1f} s; duplicates"
+                             f" {figures['duplicates']}, true-unreceived"
+                             f" {figures['true_unreceived']}, false-received"
+                             f" {figures['false_received']}; redirects (polls, dispatches)"
+                             f" per instance {per}")
+        for n, ip in enumerate(RING_IPS):
+            assert answers[f"run_gone_{n}"][0] is False, text
+            assert answers[f"run_live_{n}"][0] is True, text
+            assert got[ip] == f"run_live_{n}", got
+        assert not any(again.values()), again
+        assert all(t <= bound for _, t, _ in answers.values()), (text, bound)
+        assert figures["duplicates"] == figures["true_unreceived"] == 0, figures
+        assert figures["false_received"] == figures["lost"] == 0, figures
+        for m in ms:
+            assert m.get("pilotlight_ring_redirects_total", route="dispatch") >= 2
+            assert m.get("pilotlight_ring_hop_served_total", route="dispatch") == 0
+    finally:
+        for s in socks:
+            s.close()
+        for srv in servers:
+            srv.stop()
