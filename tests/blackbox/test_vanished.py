@@ -349,13 +349,17 @@ def test_ring_dispatches_to_vanished_controllers_answer_false(net, ring_net, req
         for ip, name in zip(RING_IPS, names):
             servers.append(Server(["--listen", name, "--ring-peers", ",".join(names),
                                    "--ring-self", name, "--ring-check-ms", "100",
+                                   "--ring-check-timeout-ms", "300",
                                    *confirm_args()],
                                   listen=False, preexec_fn=impair.child_in(net.srv)))
         deadline = time.monotonic() + 20
         while any(ring_metrics(net, ip).get("pilotlight_ring_members") != 3 for ip in RING_IPS):
             assert time.monotonic() < deadline, "the ring did not form"
             time.sleep(0.05)
-        # two keys owned by each instance: a probe dispatch names the owner
+        # just after joining, an instance sends its misses on to where the
+        # key's polls were before (2 checks + a check's timeout): past that,
+        # a probe dispatch names the owner
+        time.sleep(0.5)
         owned = {ip: [] for ip in RING_IPS}
         for i in range(200):
             key = key_of(i, "deployment_ringvanish")
