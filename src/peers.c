@@ -187,12 +187,19 @@ static void unanswered(cand *c, int certain)
 /* The kept connection ended or misbehaved: its peer may be gone, so it is
  * checked again as soon as the handle has closed. Once a check period at
  * most: a peer that closes every connection it accepts is not asked in a
- * loop. Returns whether it will be. */
+ * loop. Returns whether it will be.
+ *
+ * The loss counts as one check unanswered, so the check made at once
+ * decides: a process being killed still completes handshakes on its
+ * listener until the kernel has closed it, then resets them, and that
+ * check fails without a refusal. */
 static int lost(cand *c)
 {
     uint64_t now = uv_now(c->p->loop);
     int again = c->lost_at == 0 || now - c->lost_at >= c->p->o.check_ms;
 
+    if (again && c->failed + 1 < PL_PEERS_FAILS)
+        c->failed++;
     c->lost_at = now;
     c->recheck = (unsigned)again;
     close_conn(c);
