@@ -212,7 +212,8 @@ int pl_conn_respond(pl_conn *c, int status, const char *content_type,
     uv_buf_t bufs[2];
     int rc;
     /* A half-closed peer's pipelined requests are still answered. */
-    int keep = c->keep_alive && !h->draining && !(c->peer_eof && c->in.len == 0);
+    int keep = c->keep_alive && !h->draining && !h->winding_down &&
+               !(c->peer_eof && c->in.len == 0);
 
     if (c->closing || c->finishing)
         return -EPIPE;

@@ -46,6 +46,11 @@ pl_http *pl_http_new(uv_loop_t *loop, const pl_http_limits *limits,
     return h;
 }
 
+void pl_http_wind_down(pl_http *h)
+{
+    h->winding_down = 1;
+}
+
 void pl_http_drain(pl_http *h, void (*done)(void *arg), void *arg)
 {
     pl_conn *c, *next;

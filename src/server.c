@@ -121,6 +121,9 @@ static void on_signal(uv_signal_t *sig, int signum)
     pl_broker_set_draining(s->broker);
     if (s->cfg->drain_delay_ms > 0) {
         s->phase = DELAYING;
+        pl_http_wind_down(s->http);
+        if (s->dispatch_http)
+            pl_http_wind_down(s->dispatch_http);
         uv_timer_start(&s->drain_timer, on_delay_over, s->cfg->drain_delay_ms, 0);
     } else {
         start_drain(s);

@@ -98,6 +98,7 @@ struct pl_http {
     int spare_fd;            /* given up to shed connections at EMFILE */
     uv_timer_t accept_timer; /* resumes accepting after a pause */
     int listening, draining;
+    int winding_down;        /* answers close their connections */
     void (*drained)(void *arg);
     void *drained_arg;
     /* What the timer lists do with a connection (http.c sets them): one

@@ -77,6 +77,14 @@ void pl_http_set_limits(pl_http *h, const pl_http_limits *limits);
 int pl_http_listen(pl_http *h, const struct sockaddr *addr, unsigned flags,
                    uint16_t *bound_port);
 
+/* Keeps accepting and serving, but closes every connection once it has
+ * been answered: clients open new ones, which a load balancer sends
+ * elsewhere once this instance is out of rotation. What a drain delay
+ * begins with, so that the drain finds few idle connections a client may
+ * be sending on as they close. Idle ones are left open: closing one races
+ * a request the client may be writing on it. */
+void pl_http_wind_down(pl_http *h);
+
 /* Stops accepting, closes idle connections (but those holding application
  * data: see pl_conn_release()), and lets requests in progress finish; every
  * answer from now on closes its connection. <done>(<arg>)

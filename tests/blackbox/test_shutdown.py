@@ -56,6 +56,37 @@ def test_sigterm_without_drain_delay_exits_promptly_with_idle_connections(start_
     assert fresh.wait_closed(timeout=1) == b""
 
 
+def test_drain_delay_answers_close_their_connections(start_server):
+    """SIGTERM with a drain delay: every answer during the delay closes its
+    connection, kept-alive ones included, so clients open new ones (which a
+    load balancer sends elsewhere) and few are idle here, a request perhaps
+    on its way, when the drain closes the rest. An idle connection is not
+    closed before that (a request may be on its way on it); the parked
+    polls stay until the delay is over."""
+    s = start_server("--drain-delay-ms", "2000")
+    idle = s.conn()
+    idle.request("GET", "/healthz")
+    assert idle.read_response().status == 200
+    w = s.park()
+    s.wait_parked(1)
+    t0 = time.monotonic()
+    s.sigterm()
+    time.sleep(0.1)
+    idle.request("GET", "/healthz")
+    r = idle.read_response()
+    assert r.status == 200 and r.headers.get("connection") == "close", r
+    assert idle.wait_closed(timeout=1) == b""
+    c = s.conn()
+    c.request("GET", "/healthz")
+    r = c.read_response()
+    assert r.status == 200 and r.headers.get("connection") == "close", r
+    assert c.wait_closed(timeout=1) == b""
+    assert time.monotonic() - t0 < 1.5, "too slow to check inside the drain delay"
+    assert w.silent_for(0.01), "parked poll answered or closed during the drain delay"
+    assert w.wait_closed(timeout=8) == b""
+    assert s.wait_exit() == 0
+
+
 def test_sigint_also_drains(start_server):
     import signal
     s = start_server()
