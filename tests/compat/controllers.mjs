@@ -10,7 +10,9 @@
 // long-poll with warmStart(), "work" MIN..MAX ms on the run it got, poll
 // again. One JSON line on stdout per event; {"ev":"run","ctl","run"} is a
 // receipt: the client returned the parsed run, so the controller would start
-// it. Ends on SIGTERM or after max_runtime_s.
+// it; {"ev":"backoff","ctl","s","t"} is a wait of the client's own back-off
+// after a failed request, <s> seconds long, begun at <t>. Ends on SIGTERM or
+// after max_runtime_s.
 
 import { WarmStartClient } from "@trigger.dev/core/v3/workers";
 
@@ -35,6 +37,22 @@ async function controller(spec, c) {
     machineCpu: String(cpu),
     machineMemory: String(memory),
   });
+  // The client's back-off, timed (its own wait, reported as it ends), with
+  // the error it logged just before.
+  const backoff = client.backoff, logError = client.logger.error.bind(client.logger);
+  let why = "";
+  client.logger.error = (message, fields) => {
+    const e = fields?.error;
+    why = e?.cause ? `${e.cause.code ?? ""} ${e.cause.message ?? ""}` : String(e?.message ?? e ?? message);
+    logError(message, fields);
+  };
+  client.backoff = {
+    wait: async (retries) => {
+      const t0 = Date.now();
+      await backoff.wait(retries);
+      emit({ ev: "backoff", ctl: c.id, retry: retries, s: (Date.now() - t0) / 1000, t: t0 / 1000, why });
+    },
+  };
   const connect = await client.connect();
   if (!connect.success) {
     emit({ ev: "connect_failed", ctl: c.id, error: String(connect.error) });
