@@ -413,3 +413,20 @@ def test_busy_confirm_looks_on_next_turns(start_server):
     assert got["next_turn"] >= 0.5 * sum(got.values()), got
     assert got["poll_fallback"] == 0, got
     assert m.get("pilotlight_confirm_total", outcome="acked") == sum(got.values()), m.text
+
+
+def test_redirect_cost_measures_each_case():
+    """loadtest/redirect-cost: a ring of two across a short delay, each
+    case measured (the figures themselves are for its reader)."""
+    import impair
+    why = impair.why_unavailable()
+    if why:
+        pytest.skip(why)
+    p = subprocess.run([str(REPO_ROOT / "loadtest" / "redirect-cost"), "--bin", BIN,
+                        "--rtt-ms", "2", "--n", "3"], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = re.findall(r"^  (new|kept) connections, (direct|through a 307) +([0-9.]+) +([0-9.]+)$",
+                      p.stdout, re.M)
+    assert len(rows) == 4, p.stdout
+    assert all(float(r[2]) > 0 for r in rows), p.stdout

@@ -16,12 +16,11 @@ run nobody received.
 The bound on misses: HAProxy with key affinity lost 57-97 dispatches when a
 4th instance joined (402 at the default poll lifetime), 11-15 on a drain,
 0-1 on a SIGKILL, in the same set-up. The ring is to lose at most 1 % of
-the first, "a few": MISSES_MAX per event. A SIGKILL costs more here than
-behind HAProxy, for reasons outside the ring, which the test tells apart:
-the killed instance's controllers see their polls cut and wait out their
-client's back-off (0 or 1 s for a first error) before polling again, where
-HAProxy answers such a poll 502 and the client polls again at once; and
-the Service sends new connections to the dead instance until its readiness
+the first, "a few": MISSES_MAX per event. A SIGKILL costs more, for
+reasons outside the ring, which the test tells apart: the killed
+instance's controllers see their polls cut and wait out their client's
+back-off (0 or 1 s for a first error) before polling again, and the
+Service sends new connections to the dead instance until its readiness
 probe fails. Misses of the ring's own making (a redirect to the dead
 instance, a stale view) stay within MISSES_MAX. loadtest/ring-scale runs
 the same sequence repeatedly and prints what each event cost, and why.
