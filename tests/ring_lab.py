@@ -469,9 +469,11 @@ class Lab:
         self.procs.append(p)
         return p
 
-    def light_controllers(self, specs, seed=1, max_runtime_s=600):
+    def light_controllers(self, specs, seed=1, max_runtime_s=600, backoff=True):
+        """<backoff> False: they poll again at once after an error too (as
+        the raw controllers of tests/interop/test_haproxy.py do)."""
         spec = {"host": VIP, "port": PORT, "controllers": specs, "seed": seed,
-                "max_runtime_s": max_runtime_s}
+                "max_runtime_s": max_runtime_s, "backoff": backoff}
         p = impair.ControllerProcess(self.ns, [sys.executable, str(Path(__file__).resolve()),
                                                "controllers", json.dumps(spec)])
         self.procs.append(p)
@@ -891,12 +893,14 @@ def fleet(keys, per_key, node_keys):
 
 def run_sequence(binary, *, keys=100, per_key=3, node_keys=range(0, 20), rate=60.0,
                  baseline_s=3.0, window_s=5.0, add_slot=3, drain_slot=1, kill_slot=0, seed=1,
-                 extra_args=(), probe_ms=PROBE_MS, keep_records=False, say=lambda s: None):
+                 extra_args=(), probe_ms=PROBE_MS, keep_records=False, backoff=True,
+                 say=lambda s: None):
     """3 instances (every slot but <add_slot>), the fleet parked, dispatches
     flowing; then, each with a window of <window_s> after it: "add" (the 4th,
     <add_slot>, starts), "drain" (SIGTERM to <drain_slot>), "readd" (it
     starts again), "kill" (SIGKILL to <kill_slot>). <extra_args> go to every
-    instance; <probe_ms> is the Service's probe period. Returns {"baseline":
+    instance; <probe_ms> is the Service's probe period; <backoff> False: the
+    light controllers poll again at once after an error. Returns {"baseline":
     figures, "events": [figures of each window], "all": ..., ...}."""
     wall = time.monotonic()
     procs, disp = [], None
@@ -912,7 +916,7 @@ def run_sequence(binary, *, keys=100, per_key=3, node_keys=range(0, 20), rate=60
             if node:
                 procs.append(lab.node_controllers(node))
             if light:
-                procs.append(lab.light_controllers(light, seed=seed))
+                procs.append(lab.light_controllers(light, seed=seed, backoff=backoff))
             lab.wait_parked(len(light) + len(node), procs)
             say(f"{len(light) + len(node)} controllers parked "
                 f"({len(node)} WarmStartClient) on {lab.live()}")
@@ -1155,7 +1159,7 @@ async def _controller(spec, c):
             elif why is None:
                 _emit(ev="status", ctl=c["id"], status=status, t=time.time())
                 break
-            delay = round(rng.random() * 2 ** retries)
+            delay = round(rng.random() * 2 ** retries) if spec.get("backoff", True) else 0
             retries += 1
             at = state.get("origin") or ("", 0)
             _emit(ev="backoff", ctl=c["id"], t=time.time(), s=delay, why=f"{why} at {at[0]}")
