@@ -154,11 +154,19 @@ static void emit_process(out_t *o, const pl_proc_stats *p)
          p->start_time_seconds);
 }
 
-/* The key ring's metrics, when there is one. */
-static void emit_ring(out_t *o, const pl_metrics *m)
+/* A counter of the ring's with one series per route: polls, dispatches. */
+static void by_route(out_t *o, const char *name, const char *help, const uint64_t v[2])
 {
     static const char *const routes[2] = {"poll", "dispatch"};
 
+    emit(o, "# HELP %s %s\n# TYPE %s counter\n", name, help, name);
+    for (int i = 0; i < 2; i++)
+        emit(o, "%s{route=\"%s\"} %llu\n", name, routes[i], (unsigned long long)v[i]);
+}
+
+/* The key ring's metrics, when there is one. */
+static void emit_ring(out_t *o, const pl_metrics *m)
+{
     emit(o, "# HELP pilotlight_ring_members Instances of the key ring as this one sees "
             "it, itself included (0 once it has left to drain).\n"
             "# TYPE pilotlight_ring_members gauge\n"
@@ -168,18 +176,11 @@ static void emit_ring(out_t *o, const pl_metrics *m)
             "# TYPE pilotlight_ring_changes_total counter\n"
             "pilotlight_ring_changes_total %llu\n",
          (unsigned long long)m->ring_members, (unsigned long long)m->ring_changes);
-    emit(o, "# HELP pilotlight_ring_redirects_total Requests answered 307 to the "
-            "instance that owns their key.\n"
-            "# TYPE pilotlight_ring_redirects_total counter\n");
-    for (int i = 0; i < 2; i++)
-        emit(o, "pilotlight_ring_redirects_total{route=\"%s\"} %llu\n", routes[i],
-             (unsigned long long)m->ring_redirects[i]);
-    emit(o, "# HELP pilotlight_ring_hop_served_total Redirected requests served here "
-            "although another instance owns their key (views of the ring disagreed).\n"
-            "# TYPE pilotlight_ring_hop_served_total counter\n");
-    for (int i = 0; i < 2; i++)
-        emit(o, "pilotlight_ring_hop_served_total{route=\"%s\"} %llu\n", routes[i],
-             (unsigned long long)m->ring_hop_served[i]);
+    by_route(o, "pilotlight_ring_redirects_total",
+             "Requests answered 307 to the instance that owns their key.", m->ring_redirects);
+    by_route(o, "pilotlight_ring_hop_served_total",
+             "Redirected requests served here although another instance owns their key "
+             "(views of the ring disagreed).", m->ring_hop_served);
 }
 
 size_t pl_metrics_render(const pl_metrics *m, const pl_ledger *l, size_t keys,

@@ -25,30 +25,11 @@
 
 #include "pilotlight/token.h"
 
+#include "../unit/mint.h" /* b64url */
+
 #define SECRET "fuzz-secret"
 #define NOW 1750000000.0
 #define MAX_IN (PL_TOKEN_MAX + 64)
-
-static size_t b64url(const uint8_t *in, size_t n, char *out)
-{
-    static const char abc[] =
-        "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-    size_t o = 0;
-    unsigned long acc = 0;
-    int bits = 0;
-
-    for (size_t i = 0; i < n; i++) {
-        acc = (acc << 8) | in[i];
-        bits += 8;
-        while (bits >= 6) {
-            bits -= 6;
-            out[o++] = abc[(acc >> bits) & 63];
-        }
-    }
-    if (bits > 0)
-        out[o++] = abc[(acc << (6 - bits)) & 63];
-    return o;
-}
 
 /* Appends ".<HMAC of out[0..n)>" to <out>; returns the new length. */
 static size_t sign(char *out, size_t n)
