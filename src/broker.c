@@ -35,6 +35,7 @@ struct pl_broker {
     pl_token_verifier *verifier; /* NULL when token_mode is disabled */
     uv_timer_t timer;            /* the engine's next park timeout */
     pl_cluster cluster;          /* the key ring, when there is one */
+    uint32_t ring_view;          /* which view of it: 1, 2, ... (0 marks no key) */
     uint64_t joined_at;          /* when this instance last became a member */
     uv_timer_t sweep;            /* moves polls parked here for another's key */
     pl_metrics metrics;
@@ -325,6 +326,9 @@ void pl_broker_ring_changed(pl_broker *b, const pl_ring *ring, int self)
         b->joined_at = uv_now(b->loop);
     b->cluster.ring = *ring;
     b->cluster.self = self;
+    /* Every key's "owned here" mark (sent_elsewhere) was of the old view. */
+    if (++b->ring_view == 0)
+        b->ring_view = 1;
     b->cluster.on = 1;
     b->metrics.ring_on = 1;
     /* Not a member (left to drain, or not yet among ring_dns's addresses):
@@ -358,26 +362,39 @@ static int redirect(pl_broker *b, pl_conn *c, const pl_request *req, int to, uns
     return 1;
 }
 
-/* Answers a request for <key> that is not to be served here: 307 to the
- * key's owner, or 400 for a malformed hop mark. Returns whether it did;
- * otherwise *note says what the ring said. A poll served here for
- * another's key (views of the ring disagree) is sent on a check period
- * later, when they should agree. */
+/* Whether a request for the key at <spot> is served here without asking
+ * the ring: there is none, or the key is known to be this instance's in
+ * the current view and the request carries no hop mark to read. What a
+ * key's owner is in a view is kept with the key in the engine (the spot's
+ * mark) while it has parked polls, so the polls and dispatches of a key
+ * served here cost no hash of the ring. */
+static inline int served_here(const pl_broker *b, const pl_request *req,
+                              const pl_engine_spot *spot)
+{
+    return !b->cluster.on || (spot->mark == b->ring_view && req->query_len == 0);
+}
+
+/* Otherwise: answers a request for <key> that is not to be served here
+ * with a 307 to the key's owner, or a 400 for a malformed hop mark.
+ * Returns whether it did; if not, *note (zeroed by the caller) says what
+ * the ring said. A poll served here for another's key (views of the ring
+ * disagree) is sent on a check period later, when they should agree. */
 static int sent_elsewhere(pl_broker *b, pl_conn *c, const pl_request *req, const pl_key *key,
-                          int dispatch, ring_note *note)
+                          pl_engine_spot *spot, int dispatch, ring_note *note)
 {
     int owner;
 
-    memset(note, 0, sizeof(*note));
-    if (!b->cluster.on)
-        return 0;
-    if (pl_cluster_read_hop(req->query, req->query_len, &note->hop) != 0) {
+    if (req->query_len > 0 && pl_cluster_read_hop(req->query, req->query_len, &note->hop) != 0) {
         pl_conn_respond_error(c, 400, "malformed pl_hop, pl_exp or pl_sig");
         return 1;
     }
+    if (spot->mark == b->ring_view)
+        return 0;
     owner = pl_cluster_route(&b->cluster, key, note->hop.hops, &note->foreign);
     if (owner >= 0)
         return redirect(b, c, req, owner, note->hop.hops, dispatch);
+    if (!note->foreign)
+        spot->mark = b->ring_view;
     b->metrics.ring_hop_served[dispatch] += (uint64_t)note->foreign;
     if (note->foreign && !dispatch && !uv_is_active((uv_handle_t *)&b->sweep))
         uv_timer_start(&b->sweep, sweep_cb, b->cfg->ring_check_ms, 0);
@@ -429,8 +446,9 @@ void pl_broker_park(pl_broker *b, pl_conn *c, const pl_request *req)
     pl_token_claims claims;
     char msg[96];
     const char *err;
+    pl_engine_spot spot;
     pl_waiter *w;
-    ring_note ring;
+    ring_note ring = {0};
     pl_key key;
     int rc, token;
 
@@ -444,19 +462,20 @@ void pl_broker_park(pl_broker *b, pl_conn *c, const pl_request *req)
         pl_conn_respond_error(c, rc == -EACCES ? 401 : 400, err);
         return;
     }
-    if (sent_elsewhere(b, c, req, &key, 0, &ring))
+    if (pl_engine_find(b->engine, &key, &spot) == PL_EINVAL) {
+        pl_conn_respond_error(c, 400, "x-trigger-deployment-id or -version is empty or too long");
+        return;
+    }
+    if (!served_here(b, req, &spot) && sent_elsewhere(b, c, req, &key, &spot, 0, &ring))
         return;
     if (b->closing) {
         pl_conn_close(c); /* as if it had parked just before the drain */
         return;
     }
-    rc = pl_engine_park(b->engine, &key, req->header[PL_HDR_CONTROLLER_ID],
-                        req->header_len[PL_HDR_CONTROLLER_ID], c,
-                        uv_now(b->loop), &w);
+    rc = pl_engine_park_at(b->engine, &spot, &key, req->header[PL_HDR_CONTROLLER_ID],
+                           req->header_len[PL_HDR_CONTROLLER_ID], c, uv_now(b->loop), &w);
     if (rc == PL_ENOMEM) {
         pl_conn_respond_error(c, 503, "out of memory");
-    } else if (rc == PL_EINVAL) {
-        pl_conn_respond_error(c, 400, "x-trigger-deployment-id or -version is empty or too long");
     } else if (rc == 0) {
         pl_engine_set_tag(w, pl_poll_trust(token, &claims, &key, req));
         hold_waiter(b, c, w);
@@ -524,7 +543,8 @@ void pl_broker_dispatch(pl_broker *b, pl_conn *c, const pl_request *req)
     dispatch_vet vet = {b, c, 0};
     pl_delivery d = {.vet = vet_poll, .vet_arg = &vet};
     const char *err = NULL;
-    ring_note ring;
+    pl_engine_spot spot;
+    ring_note ring = {0};
     pl_message m;
     int rc;
 
@@ -540,12 +560,14 @@ void pl_broker_dispatch(pl_broker *b, pl_conn *c, const pl_request *req)
         pl_conn_respond_error(c, 503, "out of memory");
         return;
     }
-    if (sent_elsewhere(b, c, req, &m.key, 1, &ring)) {
+    /* The message's key is checked as the engine's (never PL_EINVAL). */
+    pl_engine_find(b->engine, &m.key, &spot);
+    if (!served_here(b, req, &spot) && sent_elsewhere(b, c, req, &m.key, &spot, 1, &ring)) {
         pl_message_release(&m);
         return;
     }
     d.payload = &m;
-    rc = pl_engine_deliver(b->engine, &m.key, uv_now(b->loop), &d);
+    rc = pl_engine_deliver_at(b->engine, &spot, uv_now(b->loop), &d);
     if (rc == 0 && sent_after_miss(b, c, req, &m.key, &ring))
         ; /* nothing was delivered here: the run is offered there */
     else if (rc == PL_DELIVERY_PENDING)
@@ -679,8 +701,13 @@ unsigned pl_broker_conn_serves(const pl_conn *c)
 void pl_broker_hold(pl_broker *b, pl_waiter *w, int on)
 {
     pl_engine_hold(b->engine, w, on);
-    if (!on) /* its deadline may be the next, or past: look at once */
-        uv_timer_start(&b->timer, timer_cb, 0, 0);
+    if (on)
+        return;
+    /* Its deadline may be the next, or past: look at once. A ring change
+     * while it was held passed it over: look at that too. */
+    uv_timer_start(&b->timer, timer_cb, 0, 0);
+    if (b->cluster.on && !b->closing)
+        uv_timer_start(&b->sweep, sweep_cb, 0, 0);
 }
 
 void pl_broker_hand_over(pl_broker *b, pl_waiter *w)

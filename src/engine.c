@@ -21,7 +21,7 @@ static int oom_flag;
 #define HASH_FUNCTION(keyptr, keylen, hashv) ((hashv) = pl_hash((keyptr), (keylen), 0))
 #include <uthash.h>
 
-typedef struct pl_entry pl_entry;
+typedef struct pl_engine_entry pl_entry;
 
 /* A controller id and its NUL up to this long live in a waiter from the
  * waiter pool: "controller_" and a UUID is 47 bytes. A longer one (ids up
@@ -59,10 +59,11 @@ static int held(const pl_waiter *w)
     return (w->stamp & STAMP_HELD) != 0;
 }
 
-struct pl_entry {
+struct pl_engine_entry {
     UT_hash_handle hh; /* by encoded key */
     pl_waiter *head;   /* utlist: head->qprev is the tail */
     uint32_t count;
+    uint32_t mark;     /* the caller's (pl_engine_spot) */
     uint32_t keylen;
     unsigned char keybytes[];
 };
@@ -383,18 +384,34 @@ static pl_waiter *new_waiter(const char *id, size_t id_len, void *owner, uint64_
     return w;
 }
 
+int pl_engine_find(const pl_engine *e, const pl_key *key, pl_engine_spot *spot)
+{
+    spot->len = pl_key_encode(key, spot->buf);
+    spot->entry = spot->len > 0 ? lookup(e, spot->buf, spot->len) : NULL;
+    spot->mark = spot->entry != NULL ? spot->entry->mark : 0;
+    return spot->len > 0 ? 0 : PL_EINVAL;
+}
+
 int pl_engine_park(pl_engine *e, const pl_key *key, const char *id,
                    size_t id_len, void *owner, uint64_t now, pl_waiter **out)
 {
-    unsigned char buf[PL_KEY_ENCODED_MAX];
-    size_t len = pl_key_encode(key, buf);
+    pl_engine_spot spot;
+
+    pl_engine_find(e, key, &spot);
+    return pl_engine_park_at(e, &spot, key, id, id_len, owner, now, out);
+}
+
+int pl_engine_park_at(pl_engine *e, const pl_engine_spot *spot, const pl_key *key,
+                      const char *id, size_t id_len, void *owner, uint64_t now,
+                      pl_waiter **out)
+{
     unsigned hv = id_hash(id, id_len, key);
+    pl_entry *ent = spot->entry;
     pl_waiter *w, *old;
-    pl_entry *ent;
     const char *why;
 
     *out = NULL;
-    if (len == 0)
+    if (spot->len == 0)
         return PL_EINVAL;
     /* A poll replaces only its own controller's older poll: the same id
      * for the same deployment (a token-verified one when tokens are on).
@@ -404,13 +421,13 @@ int pl_engine_park(pl_engine *e, const pl_key *key, const char *id,
         return PL_ENOMEM;
 
     old = find_own(e, id, id_len, key, hv);
-    ent = lookup(e, buf, len);
     why = over_cap(e, ent, old);
-    if (why == NULL && index_waiter(e, w, ent, buf, len, id_len, hv) != 0) {
+    if (why == NULL && index_waiter(e, w, ent, spot->buf, spot->len, id_len, hv) != 0) {
         waiter_put(w);
         return PL_ENOMEM;
     }
     if (why == NULL) {
+        w->entry->mark = spot->mark;
         e->ledger.parked_total++;
         link_waiter(e, w); /* before the old one leaves, so a shared entry stays */
     }
@@ -486,7 +503,16 @@ static int deliver_round(pl_engine *e, pl_entry **entp, uint64_t now, pl_deliver
 
 int pl_engine_deliver(pl_engine *e, const pl_key *key, uint64_t now, pl_delivery *d)
 {
-    pl_entry *ent = find_entry(e, key);
+    pl_engine_spot spot;
+
+    pl_engine_find(e, key, &spot);
+    return pl_engine_deliver_at(e, &spot, now, d);
+}
+
+int pl_engine_deliver_at(pl_engine *e, const pl_engine_spot *spot, uint64_t now,
+                         pl_delivery *d)
+{
+    pl_entry *ent = spot->entry;
     size_t skipped = 0;
     int rc;
 
@@ -495,6 +521,7 @@ int pl_engine_deliver(pl_engine *e, const pl_key *key, uint64_t now, pl_delivery
     d->waited_ms = 0;
     if (ent == NULL)
         return 0;
+    ent->mark = spot->mark; /* before a delivery may free it */
     rc = deliver_round(e, &ent, now, d, d->vet, &skipped);
     /* The ones passed over stay parked, so the entry does too. */
     if (rc == 0 && skipped > 0)

@@ -87,6 +87,29 @@ void pl_engine_free(pl_engine *e);
 int pl_engine_park(pl_engine *e, const pl_key *key, const char *id,
                    size_t id_len, void *owner, uint64_t now, pl_waiter **out);
 
+/* A key's place in the engine, found once for one park or delivery so that
+ * a decision taken in between (the key ring's: is the key served here?)
+ * can be kept with the key. Valid until the engine next changes. */
+typedef struct {
+    struct pl_engine_entry *entry; /* NULL while nothing is parked for the key */
+    uint32_t mark;                 /* the caller's word about the key (below) */
+    size_t len;                    /* bytes of buf, the key's encoding; 0: none */
+    unsigned char buf[PL_KEY_ENCODED_MAX];
+} pl_engine_spot;
+
+/* Finds <key>'s place. spot->mark is what the caller last left with the key
+ * while it had waiters, 0 for a key without them: a word the engine gives
+ * no meaning, kept from one pl_engine_park_at() or pl_engine_deliver_at()
+ * to the next as long as the key has a waiter, and forgotten with its last
+ * one. Returns 0, or PL_EINVAL when the key cannot be encoded. */
+int pl_engine_find(const pl_engine *e, const pl_key *key, pl_engine_spot *spot);
+
+/* pl_engine_park() at the place pl_engine_find() gave for <key>, which
+ * keeps spot->mark with the key when the waiter parks. */
+int pl_engine_park_at(pl_engine *e, const pl_engine_spot *spot, const pl_key *key,
+                      const char *id, size_t id_len, void *owner, uint64_t now,
+                      pl_waiter **out);
+
 /* The engine's errors, negative errno values as every call returns them. */
 #define PL_EREJECTED (-ENOSPC) /* over a cap: the poll was settled REJECTED */
 #define PL_ENOMEM (-ENOMEM)
@@ -192,6 +215,11 @@ typedef struct {
  * when nobody took it. Nothing is queued either way. d->owner and
  * d->waited_ms are set when a waiter took it. */
 int pl_engine_deliver(pl_engine *e, const pl_key *key, uint64_t now, pl_delivery *d);
+
+/* pl_engine_deliver() at the place pl_engine_find() gave, which keeps
+ * spot->mark with the key while it has waiters left. */
+int pl_engine_deliver_at(pl_engine *e, const pl_engine_spot *spot, uint64_t now,
+                         pl_delivery *d);
 
 #define PL_DELIVERED 1
 #define PL_DELIVERY_PENDING 2

@@ -34,7 +34,7 @@ import pytest
 from conftest import (BIN, IO_TIMEOUT, Conn, Server, assert_ledger, check_sanitizers,
                       json_lines, key_of, make_message, poll_headers, run_binary)
 from impair import show
-from test_upgrade import stop_adopted, wait_logged
+from test_upgrade import logged, stalling_program, stop_adopted, wait_logged
 
 HOSTS = ["127.0.0.2", "127.0.0.3", "127.0.0.4"]
 CHECK_MS = 100
@@ -857,6 +857,65 @@ def test_a_binary_upgrade_keeps_the_polls_and_the_place_in_the_ring(ring, subrea
             c.close()
     finally:
         stop_adopted(b, new)  # then the teardown reads its ledger line and its errors
+
+
+def test_a_ring_change_while_polls_are_held_for_an_upgrade(ring, tmp_path, request):
+    """A member's upgrade stalls (the new process never answers READY), so
+    its parked polls are held for the hand-over; a member joins meanwhile.
+    What the member knew of its keys before the change no longer counts:
+    a new poll of a key the newcomer now owns gets 307 to it at once,
+    although the key's entry lives on in the held polls. When the upgrade
+    is abandoned, the held polls of those keys are sent there too."""
+    step_ms = 4000
+    marker = tmp_path / "marker"
+    r = ring(3, start=[1])
+    b = r.servers[1]
+    a = r.start(0, "--upgrade-binary", stalling_program(tmp_path),
+                env={"PILOTLIGHT_UPGRADE_STEP_TIMEOUT_MS": str(step_ms),
+                     "STALL_MODE": "reads", "STALL_MARKER": str(marker)})
+    r.allowed[a] = {"upgrade failed: still serving"}
+    wait_members([a, b], 2)
+    time.sleep(JOIN_WINDOW_S)
+    keys = r.keys_owned("deployment_heldring", [r.names[0]], count=24)[r.names[0]]
+    held = [r.poll(a, key, f"ctl_held_{n}") for n, key in enumerate(keys)]
+    a.wait_parked(len(keys))
+    t0 = time.monotonic()
+    a.proc.send_signal(signal.SIGUSR2)
+    while not marker.exists():
+        assert time.monotonic() - t0 < SETTLE_S, "the stalling program did not start"
+        time.sleep(0.005)
+    c = r.start(2)
+    wait_members([a, b, c], 3)
+    fresh = [Poller(r, key, f"ctl_fresh_{n}", a) for n, key in enumerate(keys)]
+    answered = wait_readable([p.conn for p in fresh], len(keys), timeout=QUIET_S)
+    moved = [p for p in fresh if p.conn in answered]
+    pending = not logged(a, "upgrade failed: still serving")
+    took = time.monotonic() - t0
+    show(request, f"upgrade held {len(keys)} polls; a member joined: {len(moved)} new polls"
+                  f" sent to it {took:.2f} s after SIGUSR2 (hand-over still pending: {pending})")
+    assert pending, f"the upgrade ended before the new polls were checked ({took:.2f} s)"
+    # 24 keys: the chance that none or all move is about 1e-4
+    assert 0 < len(moved) < len(keys)
+    for p in moved:
+        loc = p.follow()
+        assert loc.name == r.names[2] and loc.query == {"pl_hop": "1"}, loc.url
+    c.wait_parked(len(moved))
+    assert not readable(held, 0)  # nothing is moved while held
+    wait_logged(a, "upgrade failed: still serving", timeout=SETTLE_S)
+    gone = {p.key for p in moved}
+    held_moved = [h for h, key in zip(held, keys) if key in gone]
+    assert set(wait_readable(held_moved, len(held_moved))) == set(held_moved)
+    for h in held_moved:
+        loc = Location(h.read_response())
+        assert loc.name == r.names[2] and loc.query == {"pl_hop": "1"}, loc.url
+    assert not readable([h for h in held if h not in held_moved], QUIET_S)
+    assert a.metrics().settled("moved") == len(moved)
+    for h in held:  # the polls a keeps: the fresh ones take the runs below
+        if h not in held_moved:
+            h.close()
+    a.wait_metrics(lambda m: m.parked_now == len(keys) - len(moved), SETTLE_S,
+                   "the held polls closed")
+    deliver_each(fresh, b)
 
 
 # --------------------------------------------------------------------------

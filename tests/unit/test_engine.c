@@ -515,6 +515,57 @@ static void test_key_entry_freed(void)
     pl_engine_free(e);
 }
 
+/* The caller's mark on a key: kept from a park or a delivery at a found
+ * spot while the key has waiters, per key, and forgotten with the last. */
+static void test_key_mark(void)
+{
+    pl_engine *e = engine(PL_ORDER_FIFO, 0, 0, 0);
+    owner_t a = {0}, b = {0}, c = {0};
+    pl_engine_spot spot;
+    pl_delivery d = {0};
+    int payload = 1;
+    pl_key bad = key("", "v1", 1, 1024);
+
+    CHECK_EQ(pl_engine_find(e, &bad, &spot), PL_EINVAL);
+    CHECK_EQ(pl_engine_park_at(e, &spot, &bad, "a", 1, &a, 1, &a.w), PL_EINVAL);
+    CHECK_EQ(a.calls, 0);
+    CHECK_EQ(pl_engine_find(e, &KA, &spot), 0);
+    CHECK(spot.entry == NULL && spot.mark == 0);
+    spot.mark = 7;
+    CHECK_EQ(pl_engine_park_at(e, &spot, &KA, "a", 1, &a, 1, &a.w), 0);
+    CHECK_EQ(pl_engine_find(e, &KA, &spot), 0);
+    CHECK(spot.entry != NULL && spot.mark == 7);
+    CHECK_EQ(pl_engine_find(e, &KB, &spot), 0); /* another key: its own */
+    CHECK(spot.entry == NULL && spot.mark == 0);
+    CHECK_EQ(park(e, &KB, "c", &c, 2), 0);      /* pl_engine_park leaves it 0 */
+    CHECK_EQ(pl_engine_find(e, &KB, &spot), 0);
+    CHECK_EQ(spot.mark, 0);
+
+    /* A park at a found spot and a delivery from one leave theirs. */
+    CHECK_EQ(pl_engine_find(e, &KA, &spot), 0);
+    spot.mark = 8;
+    CHECK_EQ(pl_engine_park_at(e, &spot, &KA, "b", 1, &b, 3, &b.w), 0);
+    CHECK_EQ(pl_engine_find(e, &KA, &spot), 0);
+    CHECK_EQ(spot.mark, 8);
+    spot.mark = 9;
+    d.payload = &payload;
+    CHECK_EQ(pl_engine_deliver_at(e, &spot, 4, &d), PL_DELIVERED);
+    CHECK(d.owner == &a && a.outcome == PL_OUTCOME_MATCHED);
+    CHECK_EQ(pl_engine_find(e, &KA, &spot), 0);
+    CHECK_EQ(spot.mark, 9);
+
+    /* The last waiter takes the mark with it. */
+    spot.mark = 10;
+    CHECK_EQ(pl_engine_deliver_at(e, &spot, 5, &d), PL_DELIVERED);
+    CHECK(d.owner == &b);
+    CHECK_EQ(pl_engine_find(e, &KA, &spot), 0);
+    CHECK(spot.entry == NULL && spot.mark == 0);
+    CHECK_EQ(pl_engine_deliver_at(e, &spot, 6, &d), 0);
+    CHECK_EQ(pl_engine_key_count(e), 1);
+    pl_engine_free(e);
+    CHECK_EQ(c.outcome, PL_OUTCOME_SHUTDOWN);
+}
+
 static void test_deliver_skips_refusing(void)
 {
     pl_engine *e = engine(PL_ORDER_FIFO, 0, 0, 0);
@@ -1095,8 +1146,8 @@ static int m_newest(const model *m, int k, int *kk, size_t *pos)
 /* The model's pl_engine_enforce_caps(). */
 static void m_enforce_caps(model *m)
 {
-    int kk;
-    size_t pos;
+    int kk = 0;
+    size_t pos = 0;
 
     for (int k = 0; k < M_KEYS && m->per_key > 0; k++)
         while (m->n[k] > m->per_key && m_newest(m, k, &kk, &pos))
@@ -1824,6 +1875,7 @@ int main(void)
     RUN(test_order_is_per_key);
     RUN(test_caps_reject);
     RUN(test_key_entry_freed);
+    RUN(test_key_mark);
     RUN(test_deliver_skips_refusing);
     RUN(test_pending_delivery);
     RUN(test_vet_skips_then_offers_the_skipped);
