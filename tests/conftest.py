@@ -13,7 +13,6 @@ import ctypes
 import json
 import os
 import re
-import resource
 import select
 import signal
 import socket
@@ -24,6 +23,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+import impair  # standard library only: namespaces, limits
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BIN = os.environ.get("PILOTLIGHT_BIN", str(REPO_ROOT / "build" / "pilotlight"))
@@ -37,10 +38,7 @@ SANITIZER_MARKS = ("AddressSanitizer", "runtime error:", "LeakSanitizer")
 
 # 1,000 parked polls need more descriptors than the usual soft limit of 1024,
 # in this process and in the server (which inherits the limit).
-_soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-_want = 8192 if _hard == resource.RLIM_INFINITY else min(_hard, 8192)
-if _soft != resource.RLIM_INFINITY and _soft < _want:
-    resource.setrlimit(resource.RLIMIT_NOFILE, (_want, _hard))
+impair.raise_fd_limit()
 
 
 # --------------------------------------------------------------------------

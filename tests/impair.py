@@ -27,6 +27,7 @@ import os
 import queue
 import random
 import re
+import resource
 import select
 import shutil
 import signal
@@ -45,6 +46,17 @@ SRV_IP = "10.78.0.1"
 CTL_IPS = [f"10.78.1.{i}" for i in range(1, 9)]
 CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(None, use_errno=True)
+
+
+def raise_fd_limit(want=8192):
+    """Raises this process's soft limit on open files to <want> (or the
+    hard limit, if lower): hundreds of connections in the tests' process,
+    and in the servers it starts, which inherit the limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY:
+        want = min(hard, want)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
 
 
 # --------------------------------------------------------------------------

@@ -46,7 +46,6 @@ import os
 import queue
 import random
 import re
-import resource
 import shutil
 import signal
 import socket
@@ -71,12 +70,7 @@ PROBE_MS = 200
 DRAIN_DELAY_MS = 2000  # as deploy/kubernetes/configmap.yaml and the Compose file set it
 SANITIZER_MARKS = ("AddressSanitizer", "runtime error:", "LeakSanitizer")
 
-# Hundreds of connections in this process, the controllers' and the
-# instances' (which inherit the limit): more than the usual soft limit.
-_soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-_want = 8192 if _hard == resource.RLIM_INFINITY else min(_hard, 8192)
-if _soft != resource.RLIM_INFINITY and _soft < _want:
-    resource.setrlimit(resource.RLIMIT_NOFILE, (_want, _hard))
+impair.raise_fd_limit()
 
 
 def why_unavailable():

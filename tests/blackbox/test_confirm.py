@@ -11,7 +11,6 @@ blackholed parked poll must be settled as a disconnect without any dispatch.
 Skipped, with the reason, where namespaces cannot be created (not root, no
 CAP_SYS_ADMIN, no iproute2).
 """
-import ctypes
 import json
 import os
 import shutil
@@ -19,50 +18,19 @@ import signal
 import socket
 import subprocess
 import tempfile
-import threading
 import time
 
 import pytest
 
 from conftest import BIN, EXAMPLE, Metrics, check_sanitizers, make_message, poll_headers
+from impair import enter, in_ns
 
-CLONE_NEWNET = 0x40000000
 SRV_IP, CTL_IP = "10.77.0.1", "10.77.0.2"
-_libc = ctypes.CDLL(None, use_errno=True)
 
 
 def _ip(*args, ns=None):
     cmd = (["ip", "netns", "exec", ns] if ns else []) + ["ip"] + list(args)
     subprocess.run(cmd, check=True, capture_output=True, timeout=10)
-
-
-def _enter(ns):
-    fd = os.open(f"/var/run/netns/{ns}", os.O_RDONLY)
-    try:
-        if _libc.setns(fd, CLONE_NEWNET) != 0:
-            raise OSError(ctypes.get_errno(), "setns")
-    finally:
-        os.close(fd)
-
-
-def in_ns(ns, fn, *args):
-    """Runs fn(*args) on a thread inside network namespace <ns>; sockets it
-    creates stay in that namespace wherever they are used later."""
-    out = {}
-
-    def run():
-        try:
-            _enter(ns)
-            out["value"] = fn(*args)
-        except BaseException as e:  # handed to the caller
-            out["error"] = e
-
-    t = threading.Thread(target=run)
-    t.start()
-    t.join(30)
-    if "error" in out:
-        raise out["error"]
-    return out.get("value")
 
 
 class Net:
@@ -113,7 +81,7 @@ class NsServer:
         self.err = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
             [BIN, "--listen", "0.0.0.0:0"] + list(args), stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL, stderr=self.err, preexec_fn=lambda: _enter(net.srv))
+            stdout=subprocess.DEVNULL, stderr=self.err, preexec_fn=lambda: enter(net.srv))
         deadline = time.monotonic() + 10
         self.port = None
         while self.port is None and time.monotonic() < deadline:

@@ -16,6 +16,7 @@ deploy/install-deps.sh --test installs Debian's.
 """
 
 import base64
+import contextlib
 import json
 import os
 import re
@@ -163,52 +164,49 @@ class Proxy:
             self.logf.close()
 
 
-@pytest.fixture
-def cluster(start_server):
-    """(proxy, [3 servers]). HAProxy stops first, then the fixture of
-    conftest stops the servers (ledger, exit code 0)."""
-    servers = [start_server() for _ in range(3)]
+@contextlib.contextmanager
+def proxied(start_server, *server_args, env=None):
+    """(proxy, [3 servers started with <server_args>]); HAProxy stops on
+    leaving, then the fixture of conftest stops the servers (ledger, exit
+    code 0)."""
+    servers = [start_server(*server_args) for _ in range(3)]
     with tempfile.TemporaryDirectory() as d:
-        proxy = Proxy(servers, d)
+        proxy = Proxy(servers, d, env=env)
         try:
             yield proxy, servers
         finally:
             proxy.stop()
+
+
+@pytest.fixture
+def cluster(start_server):
+    with proxied(start_server) as c:
+        yield c
 
 
 @pytest.fixture
 def resend_cluster(start_server):
-    """As `cluster`, with HAProxy resending polls an instance closed
-    (PL_HAPROXY_RETRY_ON, off by default for its memory)."""
-    servers = [start_server() for _ in range(3)]
-    with tempfile.TemporaryDirectory() as d:
-        proxy = Proxy(servers, d, env={"PL_HAPROXY_RETRY_ON": "conn-failure empty-response"})
-        try:
-            yield proxy, servers
-        finally:
-            proxy.stop()
+    """HAProxy resending polls an instance closed (PL_HAPROXY_RETRY_ON, off
+    by default for its memory)."""
+    with proxied(start_server, env={"PL_HAPROXY_RETRY_ON": "conn-failure empty-response"}) as c:
+        yield c
 
 
 @pytest.fixture
 def drain_cluster(start_server):
-    """As `cluster`, with a drain delay long enough for the proxy's health
-    checks (inter 1 s, fastinter 250 ms, fall 2) to see /readyz turn 503."""
-    servers = [start_server("--drain-delay-ms", "2500") for _ in range(3)]
-    with tempfile.TemporaryDirectory() as d:
-        proxy = Proxy(servers, d)
-        try:
-            yield proxy, servers
-        finally:
-            proxy.stop()
-            # Drain the rest together rather than one after the other; the
-            # conftest fixture then checks their exit codes.
-            alive = [s for s in servers if s.proc.poll() is None]
-            for s in alive:
-                assert_ledger(s.port)
-            for s in alive:
-                s.sigterm()
-            for s in alive:
-                s.wait_exit()
+    """A drain delay long enough for the proxy's health checks (inter 1 s,
+    fastinter 250 ms, fall 2) to see /readyz turn 503."""
+    with proxied(start_server, "--drain-delay-ms", "2500") as (proxy, servers):
+        yield proxy, servers
+    # Drain the rest together rather than one after the other; the conftest
+    # fixture then checks their exit codes.
+    alive = [s for s in servers if s.proc.poll() is None]
+    for s in alive:
+        assert_ledger(s.port)
+    for s in alive:
+        s.sigterm()
+    for s in alive:
+        s.wait_exit()
 
 
 # --------------------------------------------------------------------------
@@ -531,28 +529,21 @@ def _lose_one(proxy, servers, how):
     return per[victim], sum(c.repolls for c in ctrls)
 
 
-def test_killed_instance_controllers_parked_again_and_matched(cluster):
-    proxy, servers = cluster
-    moved, repolls = _lose_one(proxy, servers, "kill")
+@pytest.mark.parametrize("setup,how", [("cluster", "kill"), ("resend_cluster", "kill"),
+                                       ("drain_cluster", "term")],
+                         ids=["killed", "killed-proxy-resends", "drained"])
+def test_a_lost_instance_s_controllers_park_again_and_match(request, setup, how):
+    proxy, servers = request.getfixturevalue(setup)
+    moved, repolls = _lose_one(proxy, servers, how)
     assert moved > 0
-    # Each of the lost instance's controllers saw a close without a response
-    # (never the 502), and polled again by itself, as a real one does.
-    assert repolls == moved
-
-
-def test_killed_instance_with_resend_controllers_never_see_it(resend_cluster):
-    proxy, servers = resend_cluster
-    moved, repolls = _lose_one(proxy, servers, "kill")
-    assert moved > 0
-    # The proxy re-sent the polls itself; no controller even saw the close.
-    assert repolls == 0
-
-
-def test_drained_instance_controllers_parked_again_and_matched(drain_cluster):
-    proxy, servers = drain_cluster
-    moved, repolls = _lose_one(proxy, servers, "term")
-    assert moved > 0
-    assert repolls == moved
+    if setup == "resend_cluster":
+        # The proxy re-sent the polls itself; no controller even saw the close.
+        assert repolls == 0
+    else:
+        # Each of the lost instance's controllers saw a close without a
+        # response (never the 502), and polled again by itself, as a real
+        # one does.
+        assert repolls == moved
 
 
 def test_dotted_bare_ids_route_as_pilotlight_keys_them(cluster):
