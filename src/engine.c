@@ -170,12 +170,20 @@ static pl_entry *lookup(const pl_engine *e, const unsigned char *buf, size_t len
     return ent;
 }
 
+int pl_engine_find(const pl_engine *e, const pl_key *key, pl_engine_spot *spot)
+{
+    spot->len = pl_key_encode(key, spot->buf);
+    spot->entry = spot->len > 0 ? lookup(e, spot->buf, spot->len) : NULL;
+    spot->mark = spot->entry != NULL ? spot->entry->mark : 0;
+    return spot->len > 0 ? 0 : PL_EINVAL;
+}
+
 static pl_entry *find_entry(const pl_engine *e, const pl_key *key)
 {
-    unsigned char buf[PL_KEY_ENCODED_MAX];
-    size_t len = pl_key_encode(key, buf);
+    pl_engine_spot spot;
 
-    return len > 0 ? lookup(e, buf, len) : NULL;
+    pl_engine_find(e, key, &spot);
+    return spot.entry;
 }
 
 size_t pl_engine_waiting(const pl_engine *e, const pl_key *key)
@@ -382,14 +390,6 @@ static pl_waiter *new_waiter(const char *id, size_t id_len, void *owner, uint64_
     w->owner = owner;
     w->stamp = at & STAMP_AT;
     return w;
-}
-
-int pl_engine_find(const pl_engine *e, const pl_key *key, pl_engine_spot *spot)
-{
-    spot->len = pl_key_encode(key, spot->buf);
-    spot->entry = spot->len > 0 ? lookup(e, spot->buf, spot->len) : NULL;
-    spot->mark = spot->entry != NULL ? spot->entry->mark : 0;
-    return spot->len > 0 ? 0 : PL_EINVAL;
 }
 
 int pl_engine_park(pl_engine *e, const pl_key *key, const char *id,
