@@ -1,24 +1,18 @@
 /* broker.c -- the endpoints of docs/protocol.md, on top of the engine. */
 #include <stdio.h>
 #include <string.h>
-#include <strings.h>
 #include <time.h>
 
-#include <cJSON.h>
-#include <utlist.h>
-
 #include "pilotlight/broker.h"
-#include "pilotlight/buf.h"
-#include "pilotlight/cluster.h"
 #include "pilotlight/confirm.h"
 #include "pilotlight/log.h"
+#include "pilotlight/loop.h"
 #include "pilotlight/mem.h"
 #include "pilotlight/message.h"
 #include "pilotlight/poll.h"
-#include "pilotlight/pool.h"
+#include "pilotlight/redirect.h"
+#include "pilotlight/status.h"
 #include "pilotlight/token.h"
-
-#define METRICS_BUFFER_SIZE 32768
 
 /* A dispatch read at most this long after it arrived: its sender cannot
  * have waited long enough to give up on it. A busy loop then asks the
@@ -28,21 +22,17 @@
 struct pl_broker {
     uv_loop_t *loop;
     const pl_config *cfg;
-    const pl_http *https[2];
     pl_broker_view views[2];
     pl_engine *engine;
     pl_confirm *confirm;         /* the deliveries awaiting their ACK */
+    pl_redirect *ring;           /* the key ring's side of a request */
+    pl_status *status;           /* /metrics, /debug/waiters */
     pl_token_verifier *verifier; /* NULL when token_mode is disabled */
     uv_timer_t timer;            /* the engine's next park timeout */
-    pl_cluster cluster;          /* the key ring, when there is one */
-    uint32_t ring_view;          /* which view of it: 1, 2, ... (0 marks no key) */
-    uint64_t joined_at;          /* when this instance last became a member */
-    uv_timer_t sweep;            /* moves polls parked here for another's key */
     pl_metrics metrics;
     int draining, closing;
     size_t connect_len;
     char connect_body[96];
-    char metrics_buf[METRICS_BUFFER_SIZE];
 };
 
 static pl_broker *conn_broker(const pl_conn *c)
@@ -108,16 +98,9 @@ static int on_settle(void *owner, pl_outcome outcome, const void *arg)
         else
             pl_conn_close(c);
         break;
-    case PL_OUTCOME_MOVED: {
-        /* Its key went to another instance: a redirect, which a controller
-         * follows at once (a closed poll would cost it a back-off). */
-        char loc[PL_CLUSTER_LOCATION_MAX];
-        if (pl_cluster_location(loc, arg, 0, "/warm-start", 0, NULL, NULL, 0, 0) > 0)
-            pl_conn_respond(c, 307, NULL, loc, NULL, 0);
-        else
-            pl_conn_close(c);
+    case PL_OUTCOME_MOVED:
+        pl_redirect_moved(c, arg); /* its key went to another instance */
         break;
-    }
     case PL_OUTCOME_DISCONNECT:
     case PL_OUTCOME_ABORTED:
     case PL_OUTCOME__COUNT:
@@ -130,15 +113,15 @@ static void timer_cb(uv_timer_t *t);
 
 static void timer_arm(pl_broker *b)
 {
-    uint64_t due, now = uv_now(b->loop);
+    uint64_t due;
 
     if (pl_engine_next_deadline(b->engine, &due) == 0)
-        uv_timer_start(&b->timer, timer_cb, due > now ? due - now : 0, 0);
+        pl_timer_at(&b->timer, timer_cb, due, 0);
 }
 
 static void timer_cb(uv_timer_t *t)
 {
-    pl_broker *b = (pl_broker *)((char *)t - offsetof(pl_broker, timer));
+    pl_broker *b = container_of(t, pl_broker, timer);
 
     pl_engine_expire(b->engine, uv_now(b->loop));
     timer_arm(b);
@@ -199,28 +182,22 @@ pl_broker *pl_broker_new(uv_loop_t *loop, const pl_config *cfg)
 
     if (b == NULL)
         return NULL;
-    memset(b, 0, offsetof(pl_broker, metrics_buf));
-    b->engine = pl_engine_new(&opts);
-    if (b->engine == NULL || make_verifier(cfg, &b->verifier) != 0) {
-        pl_engine_free(b->engine);
-        pl_free(b);
-        return NULL;
-    }
+    memset(b, 0, sizeof(*b));
     b->loop = loop;
     b->cfg = cfg;
     pl_metrics_init(&b->metrics);
     set_connect_body(b, cfg);
-    b->confirm = pl_confirm_new(loop, b->engine, &b->metrics, &copts, answer_dispatch, b);
-    if (b->confirm == NULL) {
-        pl_engine_free(b->engine);
-        pl_token_verifier_free(b->verifier);
-        pl_free(b);
+    /* confirm last: the only one to set up handles on the loop, which a
+     * failure here could not close. */
+    if ((b->engine = pl_engine_new(&opts)) == NULL || make_verifier(cfg, &b->verifier) != 0 ||
+        (b->ring = pl_redirect_new(loop, b->engine, cfg, &b->metrics)) == NULL ||
+        (b->status = pl_status_new(loop, b->engine, &b->metrics, cfg)) == NULL ||
+        (b->confirm = pl_confirm_new(loop, b->engine, &b->metrics.confirm, &copts,
+                                     answer_dispatch, b)) == NULL) {
+        pl_broker_free(b);
         return NULL;
     }
     uv_timer_init(loop, &b->timer);
-    uv_timer_init(loop, &b->sweep);
-    b->sweep.data = b;
-    pl_cluster_init(&b->cluster);
     return b;
 }
 
@@ -289,134 +266,12 @@ pl_broker_view *pl_broker_view_of(pl_broker *b, unsigned serves)
 
 void pl_broker_attach(pl_broker *b, const pl_http *h)
 {
-    b->https[b->https[0] != NULL] = h;
-}
-
-/* ---- the key ring ---- */
-
-/* pl_engine_settle_if's judge for the ring: a poll whose key another
- * instance owns is moved there. */
-static int judge_owner(const pl_waiter_info *info, unsigned *tag, const void **why, void *arg)
-{
-    const pl_cluster *cl = arg;
-
-    (void)tag;
-    if (pl_cluster_owns(cl, &info->key))
-        return 0;
-    *why = cl->ring.m[pl_cluster_owner(cl, &info->key)].name;
-    return 1;
-}
-
-static void move_foreign(pl_broker *b)
-{
-    size_t n = pl_engine_settle_if(b->engine, PL_OUTCOME_MOVED, judge_owner, &b->cluster);
-
-    if (n > 0)
-        PL_LOG(PL_LOG_INFO, "ring: parked polls sent to their keys' owners", "\"moved\":%zu", n);
-}
-
-static void sweep_cb(uv_timer_t *t)
-{
-    move_foreign(t->data);
+    pl_status_attach(b->status, h);
 }
 
 void pl_broker_ring_changed(pl_broker *b, const pl_ring *ring, int self)
 {
-    if (self >= 0 && b->cluster.self < 0)
-        b->joined_at = uv_now(b->loop);
-    b->cluster.ring = *ring;
-    b->cluster.self = self;
-    /* Every key's "owned here" mark (sent_elsewhere) was of the old view. */
-    if (++b->ring_view == 0)
-        b->ring_view = 1;
-    b->cluster.on = 1;
-    b->metrics.ring_on = 1;
-    /* Not a member (left to drain, or not yet among ring_dns's addresses):
-     * 0, so a sum or count over instances leaves it out. */
-    b->metrics.ring_members = self >= 0 ? ring->n : 0;
-    b->metrics.ring_changes++;
-    if (!b->closing)
-        move_foreign(b);
-}
-
-/* What the ring said of a request served here. */
-typedef struct {
-    pl_hop hop;
-    int foreign; /* another instance owns its key */
-} ring_note;
-
-/* Answers <req> with a 307 to member <to>. Returns whether it did. */
-static int redirect(pl_broker *b, pl_conn *c, const pl_request *req, int to, unsigned hops,
-                    int dispatch)
-{
-    char loc[PL_CLUSTER_LOCATION_MAX];
-    uint16_t port = dispatch && b->cfg->dispatch_listen.host[0] != '\0'
-                        ? b->cfg->dispatch_listen.port : 0;
-
-    if (pl_cluster_location(loc, b->cluster.ring.m[to].name, port, "/warm-start", hops,
-                            dispatch ? b->cfg->dispatch_token : NULL, req->body, req->body_len,
-                            (uint64_t)time(NULL)) < 0)
-        return 0; /* cannot be: names are short */
-    pl_conn_respond(c, 307, NULL, loc, NULL, 0);
-    b->metrics.ring_redirects[dispatch]++;
-    return 1;
-}
-
-/* Whether a request for the key at <spot> is served here without asking
- * the ring: there is none, or the key is known to be this instance's in
- * the current view and the request carries no hop mark to read. What a
- * key's owner is in a view is kept with the key in the engine (the spot's
- * mark) while it has parked polls, so the polls and dispatches of a key
- * served here cost no hash of the ring. */
-static inline int served_here(const pl_broker *b, const pl_request *req,
-                              const pl_engine_spot *spot)
-{
-    return !b->cluster.on || (spot->mark == b->ring_view && req->query_len == 0);
-}
-
-/* Otherwise: answers a request for <key> that is not to be served here
- * with a 307 to the key's owner, or a 400 for a malformed hop mark.
- * Returns whether it did; if not, *note (zeroed by the caller) says what
- * the ring said. A poll served here for another's key (views of the ring
- * disagree) is sent on a check period later, when they should agree. */
-static int sent_elsewhere(pl_broker *b, pl_conn *c, const pl_request *req, const pl_key *key,
-                          pl_engine_spot *spot, int dispatch, ring_note *note)
-{
-    int owner;
-
-    if (req->query_len > 0 && pl_cluster_read_hop(req->query, req->query_len, &note->hop) != 0) {
-        pl_conn_respond_error(c, 400, "malformed pl_hop, pl_exp or pl_sig");
-        return 1;
-    }
-    if (spot->mark == b->ring_view)
-        return 0;
-    owner = pl_cluster_route(&b->cluster, key, note->hop.hops, &note->foreign);
-    if (owner >= 0)
-        return redirect(b, c, req, owner, note->hop.hops, dispatch);
-    if (!note->foreign)
-        spot->mark = b->ring_view;
-    b->metrics.ring_hop_served[dispatch] += (uint64_t)note->foreign;
-    if (note->foreign && !dispatch && !uv_is_active((uv_handle_t *)&b->sweep))
-        uv_timer_start(&b->sweep, sweep_cb, b->cfg->ring_check_ms, 0);
-    return 0;
-}
-
-/* A dispatch that found nobody parked here: where the ring says a poll
- * may still be, while views of it disagree (pl_cluster_after_miss), it is
- * sent on rather than answered false. Returns whether it was. */
-static int sent_after_miss(pl_broker *b, pl_conn *c, const pl_request *req, const pl_key *key,
-                           const ring_note *note)
-{
-    /* The others see a new member within a check of it, and a check may
-     * take its timeout. */
-    uint64_t window = 2 * b->cfg->ring_check_ms + b->cfg->ring_check_timeout_ms;
-    int to;
-
-    if (!b->cluster.on)
-        return 0;
-    to = pl_cluster_after_miss(&b->cluster, key, note->hop.hops, note->foreign,
-                               uv_now(b->loop) - b->joined_at < window);
-    return to >= 0 && redirect(b, c, req, to, note->hop.hops, 1);
+    pl_redirect_ring_changed(b->ring, ring, self, !b->closing);
 }
 
 /* ---- GET /warm-start: park ---- */
@@ -436,19 +291,18 @@ static void hold_waiter(pl_broker *b, pl_conn *c, pl_waiter *w)
 {
     pl_conn_set_owner(c, w, &waiter_owner);
     if (pl_conn_watch_acks(c, b->cfg->delivery == PL_DELIVERY_CONFIRM) != 0)
-        b->metrics.ack_events_refused++;
+        b->metrics.confirm.ack_events_refused++;
     if (!uv_is_active((uv_handle_t *)&b->timer))
         timer_arm(b);
 }
 
-void pl_broker_park(pl_broker *b, pl_conn *c, const pl_request *req)
+void pl_broker_park(pl_broker *b, pl_conn *c, const pl_request *req, const pl_hop *hop)
 {
     pl_token_claims claims;
     char msg[96];
     const char *err;
     pl_engine_spot spot;
     pl_waiter *w;
-    ring_note ring = {0};
     pl_key key;
     int rc, token;
 
@@ -466,13 +320,13 @@ void pl_broker_park(pl_broker *b, pl_conn *c, const pl_request *req)
         pl_conn_respond_error(c, 400, "x-trigger-deployment-id or -version is empty or too long");
         return;
     }
-    if (!served_here(b, req, &spot) && sent_elsewhere(b, c, req, &key, &spot, 0, &ring))
+    if (pl_redirect_elsewhere(b->ring, c, req, hop, &spot, 0))
         return;
     if (b->closing) {
         pl_conn_close(c); /* as if it had parked just before the drain */
         return;
     }
-    rc = pl_engine_park_at(b->engine, &spot, &key, req->header[PL_HDR_CONTROLLER_ID],
+    rc = pl_engine_park(b->engine, &spot, req->header[PL_HDR_CONTROLLER_ID],
                            req->header_len[PL_HDR_CONTROLLER_ID], c, uv_now(b->loop), &w);
     if (rc == PL_ENOMEM) {
         pl_conn_respond_error(c, 503, "out of memory");
@@ -537,14 +391,13 @@ static int vet_poll(void *owner, void *arg)
     return PL_VET_OFFER;
 }
 
-void pl_broker_dispatch(pl_broker *b, pl_conn *c, const pl_request *req)
+void pl_broker_dispatch(pl_broker *b, pl_conn *c, const pl_request *req, const pl_hop *hop)
 {
     uint64_t start = uv_hrtime();
     dispatch_vet vet = {b, c, 0};
     pl_delivery d = {.vet = vet_poll, .vet_arg = &vet};
     const char *err = NULL;
     pl_engine_spot spot;
-    ring_note ring = {0};
     pl_message m;
     int rc;
 
@@ -562,13 +415,13 @@ void pl_broker_dispatch(pl_broker *b, pl_conn *c, const pl_request *req)
     }
     /* The message's key is checked as the engine's (never PL_EINVAL). */
     pl_engine_find(b->engine, &m.key, &spot);
-    if (!served_here(b, req, &spot) && sent_elsewhere(b, c, req, &m.key, &spot, 1, &ring)) {
+    if (pl_redirect_elsewhere(b->ring, c, req, hop, &spot, 1)) {
         pl_message_release(&m);
         return;
     }
     d.payload = &m;
-    rc = pl_engine_deliver_at(b->engine, &spot, uv_now(b->loop), &d);
-    if (rc == 0 && sent_after_miss(b, c, req, &m.key, &ring))
+    rc = pl_engine_deliver(b->engine, &spot, uv_now(b->loop), &d);
+    if (rc == 0 && pl_redirect_after_miss(b->ring, c, req, hop, &m.key))
         ; /* nothing was delivered here: the run is offered there */
     else if (rc == PL_DELIVERY_PENDING)
         pl_confirm_start(b->confirm, c, &m, &d, start);
@@ -619,74 +472,11 @@ int pl_broker_draining(const pl_broker *b)
     return b->draining;
 }
 
-size_t pl_broker_metrics_text(pl_broker *b, const char **text)
+pl_status *pl_broker_status(pl_broker *b)
 {
-    b->metrics.max_waiters = b->cfg->max_waiters;
-    b->metrics.max_waiters_per_key = b->cfg->max_waiters_per_key;
-    b->metrics.max_connections = b->cfg->max_connections;
-    b->metrics.connections_open = 0;
-    memset(b->metrics.refused, 0, sizeof(b->metrics.refused));
-    for (int i = 0; i < 2; i++) {
-        if (b->https[i] == NULL)
-            continue;
-        b->metrics.connections_open += pl_http_connections(b->https[i]);
-        for (unsigned r = 0; r < PL_HTTP_REFUSED__COUNT; r++)
-            b->metrics.refused[r] += pl_http_refused(b->https[i], r);
-    }
-    b->metrics.proc_ok = pl_proc_read(&b->metrics.proc) == 0;
-    *text = b->metrics_buf;
-    return pl_metrics_render(&b->metrics, pl_engine_ledger(b->engine),
-                             pl_engine_key_count(b->engine), b->metrics_buf,
-                             sizeof(b->metrics_buf));
+    return b->status;
 }
 
-typedef struct {
-    cJSON *keys;
-    uint64_t now;
-    int failed;
-} waiters_out;
-
-static void waiters_key(const pl_key_info *info, void *arg)
-{
-    waiters_out *o = arg;
-    char dep[PL_KEY_FIELD_MAX + 1], ver[PL_KEY_FIELD_MAX + 1];
-    cJSON *k = cJSON_CreateObject();
-
-    /* Key strings hold no NUL (a header cannot, a body's is refused). */
-    memcpy(dep, info->key.deployment, info->key.deployment_len);
-    dep[info->key.deployment_len] = '\0';
-    memcpy(ver, info->key.version, info->key.version_len);
-    ver[info->key.version_len] = '\0';
-    if (k == NULL || !cJSON_AddItemToArray(o->keys, k) ||
-        cJSON_AddStringToObject(k, "deployment", dep) == NULL ||
-        cJSON_AddStringToObject(k, "version", ver) == NULL ||
-        cJSON_AddNumberToObject(k, "cpu", info->key.cpu) == NULL ||
-        cJSON_AddNumberToObject(k, "memory", info->key.memory) == NULL ||
-        cJSON_AddNumberToObject(k, "parked", (double)info->parked) == NULL ||
-        cJSON_AddNumberToObject(k, "oldest_wait_ms",
-                                (double)(o->now - info->oldest_parked_at)) == NULL)
-        o->failed = 1;
-}
-
-char *pl_broker_waiters_json(const pl_broker *b, size_t max)
-{
-    waiters_out o = {NULL, uv_now(b->loop), 0};
-    cJSON *root = cJSON_CreateObject();
-    size_t total = 0;
-    char *text = NULL;
-
-    if (root != NULL && (o.keys = cJSON_AddArrayToObject(root, "keys")) != NULL) {
-        total = pl_engine_each_key(b->engine, max, waiters_key, &o);
-        if (!o.failed &&
-            cJSON_AddNumberToObject(root, "total_keys", (double)total) != NULL &&
-            cJSON_AddNumberToObject(root, "parked",
-                                    (double)pl_engine_ledger(b->engine)->parked_now) != NULL &&
-            cJSON_AddBoolToObject(root, "truncated", total > max) != NULL)
-            text = cJSON_PrintUnformatted(root);
-    }
-    cJSON_Delete(root);
-    return text;
-}
 
 const pl_config *pl_broker_config(const pl_broker *b)
 {
@@ -706,8 +496,8 @@ void pl_broker_hold(pl_broker *b, pl_waiter *w, int on)
     /* Its deadline may be the next, or past: look at once. A ring change
      * while it was held passed it over: look at that too. */
     uv_timer_start(&b->timer, timer_cb, 0, 0);
-    if (b->cluster.on && !b->closing)
-        uv_timer_start(&b->sweep, sweep_cb, 0, 0);
+    if (!b->closing)
+        pl_redirect_recheck(b->ring);
 }
 
 void pl_broker_hand_over(pl_broker *b, pl_waiter *w)
@@ -762,7 +552,7 @@ void pl_broker_close_parked(pl_broker *b)
 void pl_broker_stop(pl_broker *b)
 {
     uv_close((uv_handle_t *)&b->timer, NULL);
-    uv_close((uv_handle_t *)&b->sweep, NULL);
+    pl_redirect_stop(b->ring);
     pl_confirm_stop(b->confirm);
 }
 
@@ -770,6 +560,8 @@ void pl_broker_free(pl_broker *b)
 {
     if (b == NULL)
         return;
+    pl_status_free(b->status);
+    pl_redirect_free(b->ring);
     pl_confirm_free(b->confirm);
     pl_engine_free(b->engine);
     pl_token_verifier_free(b->verifier);

@@ -10,11 +10,24 @@
 
 #include "pilotlight/cluster.h"
 
-void pl_cluster_init(pl_cluster *cl)
+void pl_cluster_init(pl_cluster *cl, uint64_t join_ms)
 {
+    memset(cl, 0, sizeof(*cl));
     pl_ring_init(&cl->ring);
     cl->self = -1;
-    cl->on = 0;
+    cl->join_ms = join_ms;
+}
+
+void pl_cluster_set(pl_cluster *cl, const pl_ring *ring, int self, uint64_t now)
+{
+    if (self >= 0 && cl->self < 0)
+        cl->joined_at = now;
+    cl->ring = *ring;
+    cl->self = self;
+    cl->on = 1;
+    /* Every key's "owned here" mark was of the old view. */
+    if (++cl->view == 0)
+        cl->view = 1;
 }
 
 /* The decimal value of s[0..len), at most 20 digits; -EINVAL otherwise. */
@@ -46,10 +59,11 @@ static int is_hex64(const char *s, size_t len)
 int pl_cluster_read_hop(const char *query, size_t len, pl_hop *out)
 {
     const char *p = query, *end = query + len;
-    pl_hop h = {0, 0, NULL};
+    pl_hop h = {0, 0, NULL, 0, 0};
     uint64_t v;
 
     memset(out, 0, sizeof(*out));
+    out->marked = out->malformed = 1; /* until read whole */
     while (p != NULL && p < end) {
         const char *amp = memchr(p, '&', (size_t)(end - p)), *stop = amp ? amp : end;
         const char *eq = memchr(p, '=', (size_t)(stop - p));
@@ -61,13 +75,16 @@ int pl_cluster_read_hop(const char *query, size_t len, pl_hop *out)
             if (read_u64(val, vlen, &v) != 0 || v > PL_CLUSTER_HOPS_MAX)
                 return -EINVAL;
             h.hops = (unsigned)v;
+            h.marked = 1;
         } else if (nlen == 6 && memcmp(p, "pl_exp", 6) == 0) {
             if (read_u64(val, vlen, &h.exp) != 0)
                 return -EINVAL;
+            h.marked = 1;
         } else if (nlen == 6 && memcmp(p, "pl_sig", 6) == 0) {
             if (!is_hex64(val, vlen))
                 return -EINVAL;
             h.sig = val;
+            h.marked = 1;
         }
         p = amp ? amp + 1 : NULL;
     }
@@ -118,6 +135,15 @@ int pl_cluster_after_miss(const pl_cluster *cl, const pl_key *key, unsigned hops
     else
         return -1;
     return to < cl->ring.n && (int)to != cl->self ? (int)to : -1;
+}
+
+void pl_cluster_decide(const pl_cluster *cl, const pl_key *key, const pl_hop *hop,
+                       uint64_t now, pl_cluster_verdict *v)
+{
+    v->to = pl_cluster_route(cl, key, hop->hops, &v->foreign);
+    v->after_miss = v->to >= 0 ? -1
+                               : pl_cluster_after_miss(cl, key, hop->hops, v->foreign,
+                                                       now - cl->joined_at < cl->join_ms);
 }
 
 /* HMAC-SHA256 under <secret> of "<exp>\n<path>\n" and the SHA-256 of

@@ -9,6 +9,7 @@
 #include "pilotlight/confirm.h"
 #include "pilotlight/invariant.h"
 #include "pilotlight/log.h"
+#include "pilotlight/loop.h"
 #include "pilotlight/mem.h"
 #include "pilotlight/pool.h"
 
@@ -149,7 +150,7 @@ struct rec {
 struct pl_confirm {
     uv_loop_t *loop;
     pl_engine *engine;
-    pl_metrics *m;
+    pl_confirm_counters *m;
     pl_confirm_opts opts;
     pl_confirm_answer_fn answer;
     void *arg;
@@ -188,12 +189,10 @@ static void tick(uv_timer_t *t);
 /* Makes the timer fire by <due> (it may fire early and re-arm). */
 static void arm(pl_confirm *cf, uint64_t due)
 {
-    uint64_t now = uv_now(cf->loop);
-
     if (uv_is_active((uv_handle_t *)&cf->timer) && cf->timer_due <= due)
         return;
     cf->timer_due = due;
-    uv_timer_start(&cf->timer, tick, due > now ? due - now : 0, 0);
+    pl_timer_at(&cf->timer, tick, due, 0);
 }
 
 static void schedule(pl_confirm *cf, rec *r, uint64_t due)
@@ -284,13 +283,9 @@ static void sweep_cb(uv_check_t *check)
 static void sweep_timer_cb(uv_timer_t *t)
 {
     pl_confirm *cf = t->data;
-    uint64_t now = uv_now(cf->loop), due;
-
     sweep(cf);
-    if (cf->fresh != NULL) {
-        due = cf->fresh->written + SWEEP_WINDOW_MS;
-        uv_timer_start(t, sweep_timer_cb, due > now ? due - now : 1, 0);
-    }
+    if (cf->fresh != NULL)
+        pl_timer_at(t, sweep_timer_cb, cf->fresh->written + SWEEP_WINDOW_MS, 1);
 }
 
 void pl_confirm_note_dispatch(pl_confirm *cf, uint64_t ns)
@@ -412,15 +407,15 @@ static void acked(pl_confirm *cf, rec *r, pl_confirm_method how)
 {
     if (how == PL_CONFIRM_BY_ACK_EVENT) {
         uint64_t ns = uv_hrtime() - r->sent_ns;
-        pl_histogram_observe(&cf->m->confirm_ack_seconds, (double)ns / 1e9);
+        pl_histogram_observe(&cf->m->ack_seconds, (double)ns / 1e9);
         learn(cf, ns);
     }
     /* A riding connection whose ACK had to be looked for stopped polling
      * again at once: its writes ask for reports again. */
     if (r->how == HOW_RIDE && how != PL_CONFIRM_BY_NEXT_REQUEST)
         pl_conn_report_acks(r->controller);
-    cf->m->confirm_method[how]++;
-    cf->m->confirm[PL_CONFIRM_ACKED]++;
+    cf->m->method[how]++;
+    cf->m->outcome[PL_CONFIRM_ACKED]++;
     finish(cf, r, PL_DISPATCH_HIT);
 }
 
@@ -435,7 +430,7 @@ static void attempt_fail(pl_confirm *cf, rec *r, pl_confirm_outcome why)
                  (why == PL_CONFIRM_UNSENT && pl_conn_ended(c) != 0);
 
     PL_LOG(PL_LOG_DEBUG, "delivery not confirmed", "\"outcome\":%d", (int)why);
-    cf->m->confirm[why]++;
+    cf->m->outcome[why]++;
     r->last = why;
     r->failed = 1;
     fresh_leave(cf, r);
@@ -468,12 +463,13 @@ static int reoffer_vet(void *owner, void *arg)
 static void reoffer(pl_confirm *cf, rec *r, uint64_t now)
 {
     pl_delivery d = {.payload = &r->msg, .vet = reoffer_vet, .vet_arg = r};
+    pl_engine_spot spot;
     int rc = 0;
 
-    if (now < r->deadline)
-        rc = pl_engine_deliver(cf->engine, &r->msg.key, now, &d);
+    if (now < r->deadline && pl_engine_find(cf->engine, &r->msg.key, &spot) == 0)
+        rc = pl_engine_deliver(cf->engine, &spot, now, &d);
     if (rc == PL_DELIVERY_PENDING) {
-        cf->m->confirm[PL_CONFIRM_REDELIVERED]++;
+        cf->m->outcome[PL_CONFIRM_REDELIVERED]++;
         attempt_begin(cf, r, &d, now);
     } else if (rc == PL_DELIVERED) {
         /* delivery = written since a reload: its meaning of true */
@@ -493,7 +489,7 @@ static void probe_one(void *owner, void *arg)
     pl_confirm *cf = arg;
 
     pl_conn_probe(owner);
-    cf->m->confirm_probes++;
+    cf->m->probes++;
 }
 
 static void mark_overdue(pl_confirm *cf, rec *r)
@@ -698,7 +694,7 @@ int pl_confirm_vet(pl_confirm *cf, pl_conn *c)
     if (cf->overdue == 0 && uv_now(cf->loop) >= cf->suspect_until)
         return PL_VET_OFFER;
     if (pl_conn_tcp_info(c, &t) == 0 && t.probes > 0) {
-        cf->m->confirm_skipped++;
+        cf->m->skipped++;
         return PL_VET_SKIP;
     }
     return PL_VET_OFFER;
@@ -750,7 +746,7 @@ size_t pl_confirm_pending(const pl_confirm *cf)
     return cf->nrecs;
 }
 
-pl_confirm *pl_confirm_new(uv_loop_t *loop, pl_engine *engine, pl_metrics *metrics,
+pl_confirm *pl_confirm_new(uv_loop_t *loop, pl_engine *engine, pl_confirm_counters *counters,
                            const pl_confirm_opts *opts, pl_confirm_answer_fn answer, void *arg)
 {
     pl_confirm *cf = pl_malloc(sizeof(*cf));
@@ -760,7 +756,7 @@ pl_confirm *pl_confirm_new(uv_loop_t *loop, pl_engine *engine, pl_metrics *metri
     memset(cf, 0, sizeof(*cf));
     cf->loop = loop;
     cf->engine = engine;
-    cf->m = metrics;
+    cf->m = counters;
     cf->opts = *opts;
     cf->answer = answer;
     cf->arg = arg;

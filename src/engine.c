@@ -172,6 +172,7 @@ static pl_entry *lookup(const pl_engine *e, const unsigned char *buf, size_t len
 
 int pl_engine_find(const pl_engine *e, const pl_key *key, pl_engine_spot *spot)
 {
+    spot->key = key;
     spot->len = pl_key_encode(key, spot->buf);
     spot->entry = spot->len > 0 ? lookup(e, spot->buf, spot->len) : NULL;
     spot->mark = spot->entry != NULL ? spot->entry->mark : 0;
@@ -392,20 +393,11 @@ static pl_waiter *new_waiter(const char *id, size_t id_len, void *owner, uint64_
     return w;
 }
 
-int pl_engine_park(pl_engine *e, const pl_key *key, const char *id,
-                   size_t id_len, void *owner, uint64_t now, pl_waiter **out)
+int pl_engine_park(pl_engine *e, const pl_engine_spot *spot, const char *id, size_t id_len,
+                   void *owner, uint64_t now, pl_waiter **out)
 {
-    pl_engine_spot spot;
-
-    pl_engine_find(e, key, &spot);
-    return pl_engine_park_at(e, &spot, key, id, id_len, owner, now, out);
-}
-
-int pl_engine_park_at(pl_engine *e, const pl_engine_spot *spot, const pl_key *key,
-                      const char *id, size_t id_len, void *owner, uint64_t now,
-                      pl_waiter **out)
-{
-    unsigned hv = id_hash(id, id_len, key);
+    const pl_key *key = spot->key;
+    unsigned hv;
     pl_entry *ent = spot->entry;
     pl_waiter *w, *old;
     const char *why;
@@ -413,6 +405,7 @@ int pl_engine_park_at(pl_engine *e, const pl_engine_spot *spot, const pl_key *ke
     *out = NULL;
     if (spot->len == 0)
         return PL_EINVAL;
+    hv = id_hash(id, id_len, key);
     /* A poll replaces only its own controller's older poll: the same id
      * for the same deployment (a token-verified one when tokens are on).
      * Another tenant reusing the id parks beside it and ends nothing. */
@@ -501,16 +494,7 @@ static int deliver_round(pl_engine *e, pl_entry **entp, uint64_t now, pl_deliver
     return 0;
 }
 
-int pl_engine_deliver(pl_engine *e, const pl_key *key, uint64_t now, pl_delivery *d)
-{
-    pl_engine_spot spot;
-
-    pl_engine_find(e, key, &spot);
-    return pl_engine_deliver_at(e, &spot, now, d);
-}
-
-int pl_engine_deliver_at(pl_engine *e, const pl_engine_spot *spot, uint64_t now,
-                         pl_delivery *d)
+int pl_engine_deliver(pl_engine *e, const pl_engine_spot *spot, uint64_t now, pl_delivery *d)
 {
     pl_entry *ent = spot->entry;
     size_t skipped = 0;

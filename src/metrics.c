@@ -50,8 +50,8 @@ void pl_metrics_init(pl_metrics *m)
     m->dispatch_seconds.nbounds = sizeof(dispatch_bounds) / sizeof(double);
     m->wait_seconds.bounds = wait_bounds;
     m->wait_seconds.nbounds = sizeof(wait_bounds) / sizeof(double);
-    m->confirm_ack_seconds.bounds = ack_bounds;
-    m->confirm_ack_seconds.nbounds = sizeof(ack_bounds) / sizeof(double);
+    m->confirm.ack_seconds.bounds = ack_bounds;
+    m->confirm.ack_seconds.nbounds = sizeof(ack_bounds) / sizeof(double);
     m->loop_lag.bounds = lag_bounds;
     m->loop_lag.nbounds = sizeof(lag_bounds) / sizeof(double);
 }
@@ -269,19 +269,19 @@ size_t pl_metrics_render(const pl_metrics *m, const pl_ledger *l, size_t keys,
              "# TYPE pilotlight_confirm_method_total counter\n");
     for (int i = 0; i < PL_CONFIRM_BY__COUNT; i++)
         emit(&o, "pilotlight_confirm_method_total{method=\"%s\"} %llu\n",
-             confirm_method_names[i], (unsigned long long)m->confirm_method[i]);
+             confirm_method_names[i], (unsigned long long)m->confirm.method[i]);
     emit(&o, "# HELP pilotlight_confirm_total Delivery attempts to a controller "
              "(delivery = confirm), by outcome; redelivered: offered to the next poll "
              "(docs/delivery.md).\n"
              "# TYPE pilotlight_confirm_total counter\n");
     for (int i = 0; i < PL_CONFIRM__COUNT; i++)
         emit(&o, "pilotlight_confirm_total{outcome=\"%s\"} %llu\n", confirm_names[i],
-             (unsigned long long)m->confirm[i]);
+             (unsigned long long)m->confirm.outcome[i]);
     emit(&o, "# HELP pilotlight_confirm_ack_events_refused_total Controller connections "
              "whose kernel refused ACK reports (confirmed by polling instead).\n"
              "# TYPE pilotlight_confirm_ack_events_refused_total counter\n"
              "pilotlight_confirm_ack_events_refused_total %llu\n",
-         (unsigned long long)m->ack_events_refused);
+         (unsigned long long)m->confirm.ack_events_refused);
     emit(&o, "# HELP pilotlight_confirm_probes_total Parked polls sent a keepalive probe "
              "because a delivery to their key was late.\n"
              "# TYPE pilotlight_confirm_probes_total counter\n"
@@ -290,9 +290,9 @@ size_t pl_metrics_render(const pl_metrics *m, const pl_ledger *l, size_t keys,
              "because their probe went unanswered.\n"
              "# TYPE pilotlight_confirm_skipped_total counter\n"
              "pilotlight_confirm_skipped_total %llu\n",
-         (unsigned long long)m->confirm_probes, (unsigned long long)m->confirm_skipped);
+         (unsigned long long)m->confirm.probes, (unsigned long long)m->confirm.skipped);
     emit_histogram(&o, "pilotlight_confirm_ack_seconds",
-                   "Time from writing a payload to its ACK report.", &m->confirm_ack_seconds);
+                   "Time from writing a payload to its ACK report.", &m->confirm.ack_seconds);
     if (m->ring_on)
         emit_ring(&o, m);
     emit_pools(&o);

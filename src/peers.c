@@ -9,11 +9,15 @@
 #include <string.h>
 #include <strings.h>
 
+#include "pilotlight/h1.h"
 #include "pilotlight/log.h"
 #include "pilotlight/mem.h"
 #include "pilotlight/peers.h"
 
 #define HOST_MAX 256
+
+/* The most a peer's answer to a check may take, head and body. */
+#define ANSWER_MAX 4096
 
 /* One candidate member, and its check. */
 typedef struct cand {
@@ -38,8 +42,9 @@ typedef struct cand {
     uv_connect_t connect;
     uv_write_t write;
     uv_getaddrinfo_t resolve;
-    size_t got;
-    char buf[512];          /* the answer so far */
+    size_t got;             /* bytes of the answer so far */
+    pl_h1_response answer;  /* the check's answer, read as it comes */
+    char buf[512];          /* one read */
 } cand;
 
 struct pl_peers {
@@ -206,54 +211,31 @@ static int lost(cand *c)
     return again;
 }
 
-/* Reads the status and the end of an answer in c->buf. Returns 1 when it
- * is complete (*status, *keep set), 0 when more is to come, -EPROTO when it
- * is not an HTTP answer within the buffer. */
-static int parse_answer(cand *c, int *status, int *keep)
-{
-    char *end = strstr(c->buf, "\r\n\r\n"), *cl;
-    unsigned code;
-    unsigned long len = 0;
-
-    if (end == NULL)
-        return c->got >= sizeof(c->buf) - 1 ? -EPROTO : 0;
-    if (sscanf(c->buf, "HTTP/1.%*1[01] %3u", &code) != 1)
-        return -EPROTO;
-    *end = '\0';
-    cl = strcasestr(c->buf, "\r\ncontent-length:");
-    if (cl != NULL)
-        len = strtoul(cl + 17, NULL, 10);
-    *keep = strcasestr(c->buf, "\r\nconnection: close") == NULL;
-    *end = '\r';
-    if ((size_t)(end + 4 - c->buf) + len > c->got)
-        return (size_t)(end + 4 - c->buf) + len >= sizeof(c->buf) ? -EPROTO : 0;
-    *keep = *keep && (size_t)(end + 4 - c->buf) + len == c->got;
-    *status = (int)code;
-    return 1;
-}
-
 static void on_alloc(uv_handle_t *h, size_t size, uv_buf_t *buf)
 {
     cand *c = h->data;
 
     (void)size;
-    *buf = uv_buf_init(c->buf + c->got, (unsigned)(sizeof(c->buf) - 1 - c->got));
+    *buf = uv_buf_init(c->buf, (unsigned)sizeof(c->buf));
 }
 
 static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
 {
     cand *c = s->data;
-    int status = 0, keep = 0, rc;
+    int rc;
 
-    (void)buf;
     if (n == 0)
         return;
     if (n < 0 || !c->busy) {
         /* Between checks, or as a check began on it: the kept connection
          * ended (or sent what nobody asked for). Asked again on a fresh
-         * one at once; an answer cut short is no answer. */
+         * one at once; an answer cut short is no answer, one whose end is
+         * the close is an answer. */
         if (c->busy && c->got > 0) {
-            unanswered(c, 0);
+            if (pl_h1_response_eof(&c->answer) == 1)
+                answered(c, (int)c->answer.status, 0);
+            else
+                unanswered(c, 0);
         } else if (c->busy) {
             c->busy = 0;
             if (!lost(c))
@@ -264,12 +246,11 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
         return;
     }
     c->got += (size_t)n;
-    c->buf[c->got] = '\0';
-    rc = parse_answer(c, &status, &keep);
+    rc = pl_h1_response_execute(&c->answer, buf->base, (size_t)n);
     if (rc < 0)
         unanswered(c, 0);
     else if (rc > 0)
-        answered(c, status, keep);
+        answered(c, (int)c->answer.status, c->answer.keep_alive);
 }
 
 static void on_written(uv_write_t *w, int status)
@@ -286,6 +267,7 @@ static void ask(cand *c)
     uv_buf_t b = uv_buf_init(get, sizeof(get) - 1);
 
     c->got = 0;
+    pl_h1_response_init(&c->answer, ANSWER_MAX, NULL);
     c->write.data = c;
     if (uv_write(&c->write, (uv_stream_t *)&c->tcp, &b, 1, on_written) != 0)
         unanswered(c, 0);

@@ -4,7 +4,6 @@
 #include <strings.h>
 #include <time.h>
 
-#include <cJSON.h>
 #include <llhttp.h>
 #include <openssl/crypto.h>
 
@@ -12,59 +11,45 @@
 #include "pilotlight/cluster.h"
 #include "pilotlight/routes.h"
 
-/* /debug/waiters lists at most this many keys. */
-#define DEBUG_KEYS_MAX 1000
-
-static void handle_connect(pl_broker *b, pl_conn *c, const pl_request *req)
+static void handle_connect(pl_broker *b, pl_conn *c, const pl_request *req, const pl_hop *hop)
 {
     size_t len;
     const char *body = pl_broker_connect_body(b, &len);
 
-    (void)req;
+    (void)req, (void)hop;
     pl_conn_respond(c, 200, "application/json", NULL, body, len);
 }
 
-static void handle_healthz(pl_broker *b, pl_conn *c, const pl_request *req)
+static void handle_healthz(pl_broker *b, pl_conn *c, const pl_request *req, const pl_hop *hop)
 {
-    (void)b, (void)req;
+    (void)b, (void)req, (void)hop;
     pl_conn_respond_json(c, 200, "{\"status\":\"ok\"}");
 }
 
-static void handle_readyz(pl_broker *b, pl_conn *c, const pl_request *req)
+static void handle_readyz(pl_broker *b, pl_conn *c, const pl_request *req, const pl_hop *hop)
 {
-    (void)req;
+    (void)req, (void)hop;
     if (pl_broker_draining(b))
         pl_conn_respond_json(c, 503, "{\"status\":\"draining\"}");
     else
         pl_conn_respond_json(c, 200, "{\"status\":\"ready\"}");
 }
 
-static void handle_metrics(pl_broker *b, pl_conn *c, const pl_request *req)
+static void handle_metrics(pl_broker *b, pl_conn *c, const pl_request *req, const pl_hop *hop)
 {
-    const char *text;
-    size_t len = pl_broker_metrics_text(b, &text);
-
-    (void)req;
-    if (len == 0)
-        pl_conn_respond_error(c, 500, "metrics do not fit their buffer");
-    else
-        pl_conn_respond(c, 200, "text/plain; version=0.0.4; charset=utf-8", NULL, text, len);
+    (void)req, (void)hop;
+    pl_status_metrics(pl_broker_status(b), c);
 }
 
 /* GET /debug/waiters: what is parked, per key; no payloads. */
-static void handle_debug_waiters(pl_broker *b, pl_conn *c, const pl_request *req)
+static void handle_debug_waiters(pl_broker *b, pl_conn *c, const pl_request *req,
+                                 const pl_hop *hop)
 {
-    char *text = pl_broker_waiters_json(b, DEBUG_KEYS_MAX);
-
-    (void)req;
-    if (text == NULL)
-        pl_conn_respond_error(c, 503, "out of memory");
-    else
-        pl_conn_respond_json(c, 200, text);
-    cJSON_free(text); /* NULL is fine */
+    (void)req, (void)hop;
+    pl_status_waiters(pl_broker_status(b), c);
 }
 
-typedef void (*handler)(pl_broker *b, pl_conn *c, const pl_request *req);
+typedef void (*handler)(pl_broker *b, pl_conn *c, const pl_request *req, const pl_hop *hop);
 
 static const struct route {
     const char *path;
@@ -108,12 +93,11 @@ static int bearer_ok(const pl_config *cfg, const pl_request *req)
  * Authorization header (a client drops it on a redirect to another host),
  * signed instead: the redirect carries a signature of its body under the
  * same token. */
-static int redirect_signed(const pl_config *cfg, const pl_request *req, const char *path)
+static int redirect_signed(const pl_config *cfg, const pl_request *req, const pl_hop *hop,
+                           const char *path)
 {
-    pl_hop hop;
-
-    return req->query != NULL && pl_cluster_read_hop(req->query, req->query_len, &hop) == 0 &&
-           pl_cluster_hop_signed(&hop, cfg->dispatch_token, path, req->body, req->body_len,
+    return !hop->malformed &&
+           pl_cluster_hop_signed(hop, cfg->dispatch_token, path, req->body, req->body_len,
                                  (uint64_t)time(NULL));
 }
 
@@ -134,6 +118,11 @@ void pl_routes_on_request(void *app, pl_conn *c, const pl_request *req)
     const pl_broker_view *v = app;
     const pl_config *cfg = pl_broker_config(v->broker);
     int method = req->method == HTTP_HEAD ? HTTP_GET : req->method, known = 0;
+    pl_hop hop = {0};
+
+    /* Read once, here: the bearer check and the key ring both use it. */
+    if (req->query_len > 0)
+        pl_cluster_read_hop(req->query, req->query_len, &hop);
 
     for (size_t i = 0; i < NROUTES; i++) {
         const struct route *r = &routes[i];
@@ -146,11 +135,11 @@ void pl_routes_on_request(void *app, pl_conn *c, const pl_request *req)
         if (!(r->serves & v->serves))
             pl_conn_respond_error(c, 403, "not served on this listener");
         else if (r->bearer && cfg->dispatch_token[0] != '\0' && !bearer_ok(cfg, req) &&
-                 !redirect_signed(cfg, req, r->path))
+                 !redirect_signed(cfg, req, &hop, r->path))
             pl_conn_respond(c, 401, "application/json", "WWW-Authenticate: Bearer\r\n",
                             "{\"error\":\"missing or wrong bearer token\"}", 41);
         else
-            r->fn(v->broker, c, req);
+            r->fn(v->broker, c, req, &hop);
         return;
     }
     if (known)

@@ -12,9 +12,9 @@
 
 #include "pilotlight/http.h"
 #include "pilotlight/buf.h"
+#include "pilotlight/loop.h"
+#include "pilotlight/mem.h"
 
-#define container_of(ptr, type, member) \
-    ((type *)(void *)((char *)(ptr) - offsetof(type, member)))
 
 #define PL_HTTP_READ_BUFFER_SIZE 65536
 

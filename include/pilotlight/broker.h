@@ -8,10 +8,13 @@
 
 #include <uv.h>
 
+#include "pilotlight/broker-t.h"
+#include "pilotlight/cluster.h"
 #include "pilotlight/config.h"
 #include "pilotlight/http.h"
 #include "pilotlight/metrics.h"
 #include "pilotlight/ring.h"
+#include "pilotlight/status.h"
 
 typedef struct pl_broker pl_broker;
 
@@ -38,12 +41,13 @@ pl_broker_view *pl_broker_view_of(pl_broker *b, unsigned serves);
 /* Lets /metrics count the connections of <h> (up to two listeners). */
 void pl_broker_attach(pl_broker *b, const pl_http *h);
 
-/* GET /warm-start: parks a controller's poll (or answers why not). */
-void pl_broker_park(pl_broker *b, pl_conn *c, const pl_request *req);
+/* GET /warm-start: parks a controller's poll (or answers why not). <hop>
+ * is what the request's query says of its redirects (routes.c reads it). */
+void pl_broker_park(pl_broker *b, pl_conn *c, const pl_request *req, const pl_hop *hop);
 
 /* POST /warm-start: hands the run to a parked poll of its key, and answers
  * didWarmStart (delivery = confirm: once it is known). */
-void pl_broker_dispatch(pl_broker *b, pl_conn *c, const pl_request *req);
+void pl_broker_dispatch(pl_broker *b, pl_conn *c, const pl_request *req, const pl_hop *hop);
 
 /* The key ring changed (peers.h): from now on requests for keys another
  * member owns are redirected there (307), and the polls parked here for
@@ -52,14 +56,10 @@ void pl_broker_dispatch(pl_broker *b, pl_conn *c, const pl_request *req);
 void pl_broker_ring_changed(pl_broker *b, const pl_ring *ring, int self);
 
 /* What the small endpoints serve: /connect's body (<len> bytes), whether
- * the server drains (/readyz), /metrics as text (its length, 0 when it
- * did not fit; *text valid until the next call), and /debug/waiters as
- * JSON for at most <max> keys (freed with cJSON_free; NULL when out of
- * memory). */
+ * the server drains (/readyz), and what serves /metrics and /debug/waiters. */
 const char *pl_broker_connect_body(const pl_broker *b, size_t *len);
 int pl_broker_draining(const pl_broker *b);
-size_t pl_broker_metrics_text(pl_broker *b, const char **text);
-char *pl_broker_waiters_json(const pl_broker *b, size_t max);
+pl_status *pl_broker_status(pl_broker *b);
 
 /* Takes up <next> (a live reload): caps, order and park timeout, token
  * mode and secrets (a new verifier, so a dropped secret's cached tokens go

@@ -29,8 +29,12 @@
 
 typedef struct {
     pl_ring ring;
-    int self; /* this instance's index in ring; -1 once it has left */
-    int on;   /* a ring is configured: without one, everything is served here */
+    int self;           /* this instance's index in ring; -1 once it has left */
+    int on;             /* a ring is configured: without one, everything is
+                         * served here */
+    uint32_t view;      /* which view of the ring: 1, 2, ... (0: none yet) */
+    uint64_t joined_at; /* when this instance last became a member (ms) */
+    uint64_t join_ms;   /* how long after a join the others may not see it */
 } pl_cluster;
 
 /* What a request's query says of its redirects. */
@@ -38,15 +42,40 @@ typedef struct {
     unsigned hops;       /* pl_hop: times it was redirected (0: never) */
     uint64_t exp;        /* pl_exp: when its signature ends, epoch seconds */
     const char *sig;     /* pl_sig: 64 hex digits, or NULL */
+    unsigned marked : 1; /* the query holds any of the three */
+    unsigned malformed : 1; /* ... and one of them is malformed */
 } pl_hop;
 
-/* No ring: every request is served here. */
-void pl_cluster_init(pl_cluster *cl);
+/* No ring: every request is served here. <join_ms>: how long after this
+ * instance joins the others may still not count it in (a check period or
+ * two and a check's timeout). */
+void pl_cluster_init(pl_cluster *cl, uint64_t join_ms);
+
+/* The members are now <ring>, this instance being member <self> (-1: not
+ * a member) since loop time <now>: a new view begins. */
+void pl_cluster_set(pl_cluster *cl, const pl_ring *ring, int self, uint64_t now);
 
 /* Reads pl_hop, pl_exp and pl_sig from <query> (<len> bytes; NULL is an
  * empty query); other parameters are left alone. Returns 0, or -EINVAL
- * when one of those is malformed (then *out is as without them). */
+ * when one of those is malformed (then *out is as without them, but
+ * marked and malformed). */
 int pl_cluster_read_hop(const char *query, size_t len, pl_hop *out);
+
+/* Where a request for a key is served, in the ring's current view. */
+typedef struct {
+    int to;         /* redirect it to this member now; -1: serve it here */
+    int foreign;    /* served here although another member owns the key
+                     * (it came redirected while views disagree) */
+    int after_miss; /* served here, a dispatch that finds nobody is sent on
+                     * to this member; -1: answered here */
+} pl_cluster_verdict;
+
+/* The ring's one decision about a request for <key> that carries <hop>, at
+ * loop time <now>: pl_cluster_route() and, for a dispatch that misses,
+ * pl_cluster_after_miss(). Pure: the same view, key, hop and time give the
+ * same verdict. */
+void pl_cluster_decide(const pl_cluster *cl, const pl_key *key, const pl_hop *hop,
+                       uint64_t now, pl_cluster_verdict *v);
 
 /* Where a request for <key> that has been redirected <hops> times goes:
  * -1 to serve it here, or the ring index of the instance to redirect it

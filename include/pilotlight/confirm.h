@@ -27,10 +27,11 @@
 
 #include <uv.h>
 
+#include "pilotlight/broker-t.h"
+#include "pilotlight/confirm-t.h"
 #include "pilotlight/engine.h"
 #include "pilotlight/http.h"
 #include "pilotlight/message.h"
-#include "pilotlight/metrics.h"
 
 /* ---- the decision ---- */
 
@@ -100,9 +101,9 @@ typedef void (*pl_confirm_answer_fn)(void *arg, pl_conn *dispatcher, pl_dispatch
                                      uint64_t waited_ms, uint64_t start_ns);
 
 /* Returns the confirmations of <engine>'s deliveries (the engine's waiters
- * are owned by their connections), counting into <metrics>, or NULL when
+ * are owned by their connections), counting into <counters>, or NULL when
  * out of memory. */
-pl_confirm *pl_confirm_new(uv_loop_t *loop, pl_engine *engine, pl_metrics *metrics,
+pl_confirm *pl_confirm_new(uv_loop_t *loop, pl_engine *engine, pl_confirm_counters *counters,
                            const pl_confirm_opts *opts, pl_confirm_answer_fn answer, void *arg);
 
 /* Takes up new settings (a reload): for deliveries started from now on. */

@@ -77,20 +77,12 @@ pl_engine *pl_engine_new(const pl_engine_opts *opts);
 /* Settles every remaining waiter as PL_OUTCOME_SHUTDOWN, then frees <e>. */
 void pl_engine_free(pl_engine *e);
 
-/* Parks a poll for <key> from controller <id> (<id_len> bytes, copied).
- * An older waiter of the same controller id and the same key deployment is
- * settled REPLACED first; one of another deployment is left alone.
- * Over a cap, the new waiter is settled REJECTED at once (the callback runs
- * before this returns). Returns 0 and sets *out when parked, PL_EREJECTED when
- * rejected, PL_ENOMEM or PL_EINVAL (nothing settled, nothing changed) when
- * out of memory or the key cannot be encoded. */
-int pl_engine_park(pl_engine *e, const pl_key *key, const char *id,
-                   size_t id_len, void *owner, uint64_t now, pl_waiter **out);
-
-/* A key's place in the engine, found once for one park or delivery so that
- * a decision taken in between (the key ring's: is the key served here?)
- * can be kept with the key. Valid until the engine next changes. */
+/* A key's place in the engine: a park or a delivery starts by finding it,
+ * once, so that a decision taken in between (the key ring's: is the key
+ * served here?) costs no second lookup and can be kept with the key. Valid
+ * until the engine next changes. */
 typedef struct {
+    const pl_key *key;             /* the key found (the caller's, not copied) */
     struct pl_engine_entry *entry; /* NULL while nothing is parked for the key */
     uint32_t mark;                 /* the caller's word about the key (below) */
     size_t len;                    /* bytes of buf, the key's encoding; 0: none */
@@ -99,16 +91,21 @@ typedef struct {
 
 /* Finds <key>'s place. spot->mark is what the caller last left with the key
  * while it had waiters, 0 for a key without them: a word the engine gives
- * no meaning, kept from one pl_engine_park_at() or pl_engine_deliver_at()
- * to the next as long as the key has a waiter, and forgotten with its last
- * one. Returns 0, or PL_EINVAL when the key cannot be encoded. */
+ * no meaning, kept from one pl_engine_park() or pl_engine_deliver() to the
+ * next as long as the key has a waiter, and forgotten with its last one.
+ * Returns 0, or PL_EINVAL when the key cannot be encoded. */
 int pl_engine_find(const pl_engine *e, const pl_key *key, pl_engine_spot *spot);
 
-/* pl_engine_park() at the place pl_engine_find() gave for <key>, which
- * keeps spot->mark with the key when the waiter parks. */
-int pl_engine_park_at(pl_engine *e, const pl_engine_spot *spot, const pl_key *key,
-                      const char *id, size_t id_len, void *owner, uint64_t now,
-                      pl_waiter **out);
+/* Parks a poll from controller <id> (<id_len> bytes, copied) at the place
+ * pl_engine_find() gave for its key, keeping spot->mark with the key. An
+ * older waiter of the same controller id and the same key deployment is
+ * settled REPLACED first; one of another deployment is left alone. Over a
+ * cap, the new waiter is settled REJECTED at once (the callback runs
+ * before this returns). Returns 0 and sets *out when parked, PL_EREJECTED
+ * when rejected, PL_ENOMEM or PL_EINVAL (nothing settled, nothing changed)
+ * when out of memory or the key could not be encoded. */
+int pl_engine_park(pl_engine *e, const pl_engine_spot *spot, const char *id, size_t id_len,
+                   void *owner, uint64_t now, pl_waiter **out);
 
 /* The engine's errors, negative errno values as every call returns them. */
 #define PL_EREJECTED (-ENOSPC) /* over a cap: the poll was settled REJECTED */
@@ -204,8 +201,9 @@ typedef struct {
     uint64_t waited_ms;    /* out: how long that waiter was parked */
 } pl_delivery;
 
-/* Offers <d>->payload to the waiters of <key> in match order until one
- * takes it. A waiter whose callback refuses is settled DISCONNECT and the
+/* Offers <d>->payload to the waiters of the key at the place
+ * pl_engine_find() gave, in match order, until one takes it (spot->mark is
+ * kept with the key while it has waiters left). A waiter whose callback refuses is settled DISCONNECT and the
  * next one is offered. With a vet function, each waiter is vetted first:
  * the ones skipped are offered in a second round, in match order, only
  * when no other took the payload (suspects last). Returns PL_DELIVERED when
@@ -214,12 +212,7 @@ typedef struct {
  * pl_engine_confirm()), PL_DELIVERY_STOPPED when the vet stopped it, or 0
  * when nobody took it. Nothing is queued either way. d->owner and
  * d->waited_ms are set when a waiter took it. */
-int pl_engine_deliver(pl_engine *e, const pl_key *key, uint64_t now, pl_delivery *d);
-
-/* pl_engine_deliver() at the place pl_engine_find() gave, which keeps
- * spot->mark with the key while it has waiters left. */
-int pl_engine_deliver_at(pl_engine *e, const pl_engine_spot *spot, uint64_t now,
-                         pl_delivery *d);
+int pl_engine_deliver(pl_engine *e, const pl_engine_spot *spot, uint64_t now, pl_delivery *d);
 
 #define PL_DELIVERED 1
 #define PL_DELIVERY_PENDING 2

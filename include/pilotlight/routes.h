@@ -5,6 +5,7 @@
 #define PILOTLIGHT_ROUTES_H
 
 #include "pilotlight/http.h"
+#include "pilotlight/routes-t.h"
 
 /* pl_http callbacks; <app> is a pl_broker_view_of() pointer. Unknown paths
  * get 404, known ones with another method 405 with Allow, a route not

@@ -21,7 +21,7 @@ static void ring_of(pl_cluster *cl, int n, int self)
 {
     char name[32];
 
-    pl_cluster_init(cl);
+    pl_cluster_init(cl, 1000);
     cl->on = 1;
     for (int i = 1; i <= n; i++) {
         int len = snprintf(name, sizeof(name), "10.0.0.%d:8080", i);
@@ -37,7 +37,7 @@ static void test_no_ring_serves_everything(void)
     pl_key k = key_n(1, buf, sizeof(buf));
     int foreign = 7;
 
-    pl_cluster_init(&cl);
+    pl_cluster_init(&cl, 1000);
     CHECK_EQ(pl_cluster_route(&cl, &k, 0, &foreign), -1);
     CHECK_EQ(foreign, 0);
     CHECK(pl_cluster_owns(&cl, &k));
@@ -128,6 +128,63 @@ static void test_after_miss(void)
     CHECK(checked > 0);
 }
 
+/* The one decision, as the request path asks it: redirect, serve, or
+ * serve and send a miss on; a new view each time the ring is set, the
+ * join window counted from when this instance became a member. */
+static void test_decide(void)
+{
+    pl_cluster cl, three;
+    pl_ring ring;
+    pl_hop none = {0}, once = {0};
+    pl_cluster_verdict v;
+    char name[32], buf[32];
+    int served = 0, redirected = 0, sent_on = 0;
+
+    once.hops = 1;
+    once.marked = 1;
+    pl_cluster_init(&cl, 1000);
+    CHECK_EQ(cl.view, 0);
+    pl_ring_init(&ring);
+    for (int i = 1; i <= 4; i++) {
+        int len = snprintf(name, sizeof(name), "10.0.0.%d:8080", i);
+        CHECK_EQ(pl_ring_add(&ring, name, (size_t)len), 0);
+    }
+    pl_cluster_set(&cl, &ring, 3, 5000); /* joins at 5000 */
+    CHECK(cl.on && cl.view == 1 && cl.joined_at == 5000);
+    pl_cluster_set(&cl, &ring, 3, 7000); /* still a member: joined then */
+    CHECK(cl.view == 2 && cl.joined_at == 5000);
+    ring_of(&three, 3, 0);
+    for (int i = 0; i < KEYS; i++) {
+        pl_key k = key_n(i, buf, sizeof(buf));
+        size_t owner = pl_cluster_owner(&cl, &k);
+        int before = (int)pl_cluster_owner(&three, &k);
+
+        pl_cluster_decide(&cl, &k, &none, 5500, &v);
+        if (owner == 3) {
+            /* its own key, just after joining: a miss goes to the member
+             * that owned it before; a second later, nowhere */
+            CHECK(v.to == -1 && !v.foreign && v.after_miss == before);
+            pl_cluster_decide(&cl, &k, &none, 6000, &v);
+            CHECK(v.to == -1 && v.after_miss == -1);
+            served++;
+            sent_on++;
+        } else {
+            CHECK(v.to == (int)owner && v.after_miss == -1);
+            /* redirected here already: served, counted foreign, and a miss
+             * goes to the owner as this view has it */
+            pl_cluster_decide(&cl, &k, &once, 9000, &v);
+            CHECK(v.to == -1 && v.foreign && v.after_miss == (int)owner);
+            redirected++;
+        }
+    }
+    CHECK(served > 0 && redirected > 0 && sent_on > 0);
+    /* left: owns nothing; what it got once is sent on once more */
+    pl_cluster_set(&cl, &ring, -1, 9000);
+    pl_key k = key_n(0, buf, sizeof(buf));
+    pl_cluster_decide(&cl, &k, &once, 9000, &v);
+    CHECK(v.to == (int)pl_cluster_owner(&cl, &k));
+}
+
 static void test_read_hop(void)
 {
     static const char *bad[] = {
@@ -140,19 +197,20 @@ static void test_read_hop(void)
 
     CHECK_EQ(pl_cluster_read_hop(NULL, 0, &h), 0);
     CHECK_EQ(h.hops, 0);
-    CHECK(h.sig == NULL);
+    CHECK(h.sig == NULL && !h.marked && !h.malformed);
     CHECK_EQ(pl_cluster_read_hop(q, strlen(q), &h), 0);
+    CHECK(h.marked && !h.malformed);
     CHECK_EQ(h.hops, 2);
     CHECK_EQ(h.exp, 1700000000);
     CHECK(h.sig != NULL && strncmp(h.sig, "0011", 4) == 0);
     CHECK_EQ(pl_cluster_read_hop("pl_hopx=1&x", 11, &h), 0); /* not ours */
-    CHECK_EQ(h.hops, 0);
+    CHECK(h.hops == 0 && !h.marked);
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         int rc = pl_cluster_read_hop(bad[i], strlen(bad[i]), &h);
         if (rc != -EINVAL)
             fprintf(stderr, "  accepted \"%s\"\n", bad[i]);
         CHECK_EQ(rc, -EINVAL);
-        CHECK_EQ(h.hops, 0);
+        CHECK(h.hops == 0 && h.marked && h.malformed);
     }
 }
 
@@ -205,6 +263,7 @@ int main(void)
     RUN(test_owner_serves_others_redirect);
     RUN(test_hops);
     RUN(test_after_miss);
+    RUN(test_decide);
     RUN(test_read_hop);
     RUN(test_location_and_signature);
     return unit_finish();

@@ -1,0 +1,176 @@
+/* redirect.c -- the key ring on the request path: the 307s, the ring's
+ * view, and the polls moved when it changes. */
+#include <time.h>
+
+#include "pilotlight/log.h"
+#include "pilotlight/mem.h"
+#include "pilotlight/redirect.h"
+
+struct pl_redirect {
+    uv_loop_t *loop;
+    pl_engine *engine;
+    const pl_config *cfg;
+    pl_metrics *m;
+    pl_cluster cluster;
+    uv_timer_t sweep; /* moves polls parked here for another's key; set
+                       * up with the ring, as the ring's only handle */
+};
+
+/* Writes the 307 for member <name>; <port>, <secret> and <body> as for
+ * pl_cluster_location(). Returns whether it did. */
+static int write_307(pl_conn *c, const char *name, uint16_t port, unsigned hops,
+                     const char *secret, const pl_request *req)
+{
+    char loc[PL_CLUSTER_LOCATION_MAX];
+
+    if (pl_cluster_location(loc, name, port, "/warm-start", hops, secret,
+                            req != NULL ? req->body : NULL, req != NULL ? req->body_len : 0,
+                            (uint64_t)time(NULL)) < 0)
+        return 0; /* cannot be: names are short */
+    pl_conn_respond(c, 307, NULL, loc, NULL, 0);
+    return 1;
+}
+
+void pl_redirect_moved(pl_conn *c, const char *name)
+{
+    /* A redirect, which a controller follows at once (a closed poll would
+     * cost it a back-off). */
+    if (!write_307(c, name, 0, 0, NULL, NULL))
+        pl_conn_close(c);
+}
+
+/* Answers <req> with a 307 to member <to>. Returns whether it did. */
+static int redirect(pl_redirect *r, pl_conn *c, const pl_request *req, int to, unsigned hops,
+                    int dispatch)
+{
+    const pl_config *cfg = r->cfg;
+    uint16_t port = dispatch && cfg->dispatch_listen.host[0] != '\0' ? cfg->dispatch_listen.port
+                                                                     : 0;
+
+    if (!write_307(c, r->cluster.ring.m[to].name, port, hops,
+                   dispatch ? cfg->dispatch_token : NULL, req))
+        return 0;
+    r->m->ring_redirects[dispatch != 0]++;
+    return 1;
+}
+
+/* ---- the polls of keys another member owns ---- */
+
+/* pl_engine_settle_if's judge: a poll whose key another member owns is
+ * moved there. */
+static int judge_owner(const pl_waiter_info *info, unsigned *tag, const void **why, void *arg)
+{
+    const pl_cluster *cl = arg;
+
+    (void)tag;
+    if (pl_cluster_owns(cl, &info->key))
+        return 0;
+    *why = cl->ring.m[pl_cluster_owner(cl, &info->key)].name;
+    return 1;
+}
+
+static void move_foreign(pl_redirect *r)
+{
+    size_t n = pl_engine_settle_if(r->engine, PL_OUTCOME_MOVED, judge_owner, &r->cluster);
+
+    if (n > 0)
+        PL_LOG(PL_LOG_INFO, "ring: parked polls sent to their keys' owners", "\"moved\":%zu", n);
+}
+
+static void sweep_cb(uv_timer_t *t)
+{
+    move_foreign(t->data);
+}
+
+void pl_redirect_ring_changed(pl_redirect *r, const pl_ring *ring, int self, int move)
+{
+    if (!r->cluster.on) {
+        uv_timer_init(r->loop, &r->sweep);
+        r->sweep.data = r;
+    }
+    pl_cluster_set(&r->cluster, ring, self, uv_now(r->loop));
+    r->m->ring_on = 1;
+    /* Not a member (left to drain, or not yet among ring_dns's addresses):
+     * 0, so a sum or count over instances leaves it out. */
+    r->m->ring_members = self >= 0 ? ring->n : 0;
+    r->m->ring_changes++;
+    if (move)
+        move_foreign(r);
+}
+
+void pl_redirect_recheck(pl_redirect *r)
+{
+    if (r->cluster.on)
+        uv_timer_start(&r->sweep, sweep_cb, 0, 0);
+}
+
+/* ---- a request ---- */
+
+int pl_redirect_elsewhere(pl_redirect *r, pl_conn *c, const pl_request *req,
+                          const pl_hop *hop, pl_engine_spot *spot, int dispatch)
+{
+    pl_cluster_verdict v;
+
+    /* No ring; or the key is known to be this instance's in this view:
+     * what a key's owner is in a view is kept with the key in the engine
+     * (spot->mark) while it has parked polls, so the polls and dispatches
+     * of a key served here cost no hash of the ring. */
+    if (!r->cluster.on || (spot->mark == r->cluster.view && !hop->marked))
+        return 0;
+    if (hop->malformed) {
+        pl_conn_respond_error(c, 400, "malformed pl_hop, pl_exp or pl_sig");
+        return 1;
+    }
+    pl_cluster_decide(&r->cluster, spot->key, hop, uv_now(r->loop), &v);
+    if (v.to >= 0)
+        return redirect(r, c, req, v.to, hop->hops, dispatch);
+    if (!v.foreign)
+        spot->mark = r->cluster.view;
+    r->m->ring_hop_served[dispatch != 0] += (uint64_t)v.foreign;
+    /* A poll served here for another's key (views of the ring disagree)
+     * is sent on a check period later, when they should agree. */
+    if (v.foreign && !dispatch && !uv_is_active((uv_handle_t *)&r->sweep))
+        uv_timer_start(&r->sweep, sweep_cb, r->cfg->ring_check_ms, 0);
+    return 0;
+}
+
+int pl_redirect_after_miss(pl_redirect *r, pl_conn *c, const pl_request *req,
+                           const pl_hop *hop, const pl_key *key)
+{
+    pl_cluster_verdict v;
+
+    if (!r->cluster.on)
+        return 0;
+    pl_cluster_decide(&r->cluster, key, hop, uv_now(r->loop), &v);
+    return v.after_miss >= 0 && redirect(r, c, req, v.after_miss, hop->hops, 1);
+}
+
+/* ---- its life ---- */
+
+pl_redirect *pl_redirect_new(uv_loop_t *loop, pl_engine *engine, const pl_config *cfg,
+                             pl_metrics *m)
+{
+    pl_redirect *r = pl_malloc(sizeof(*r));
+
+    if (r == NULL)
+        return NULL;
+    r->loop = loop;
+    r->engine = engine;
+    r->cfg = cfg;
+    r->m = m;
+    /* The others see a new member within a check of it, and a check may
+     * take its timeout. */
+    pl_cluster_init(&r->cluster, 2 * cfg->ring_check_ms + cfg->ring_check_timeout_ms);
+    return r;
+}
+
+void pl_redirect_stop(pl_redirect *r)
+{
+    if (r->cluster.on)
+        uv_close((uv_handle_t *)&r->sweep, NULL);
+}
+
+void pl_redirect_free(pl_redirect *r)
+{
+    pl_free(r);
+}
