@@ -171,8 +171,8 @@ static pl_confirm_opts confirm_opts(const pl_config *cfg)
     return opts;
 }
 
-static void answer_dispatch(void *arg, pl_conn *c, pl_dispatch_result result,
-                            uint64_t waited_ms, uint64_t start_ns);
+static void answer_dispatch(void *arg, pl_conn *c, const pl_message *m,
+                            pl_dispatch_result result, uint64_t waited_ms, uint64_t start_ns);
 
 pl_broker *pl_broker_new(uv_loop_t *loop, const pl_config *cfg)
 {
@@ -312,6 +312,8 @@ void pl_broker_park(pl_broker *b, pl_conn *c, const pl_request *req, const pl_ho
         b->metrics.token[token]++;
     if (token == PL_TOKEN_VALID)
         b->metrics.token_secret[claims.previous != 0]++;
+    else if (rc == -EACCES || (rc == 0 && token == PL_TOKEN_INVALID))
+        pl_status_token_refused(b->status, &key, token, rc == -EACCES, uv_now(b->loop));
     if (rc != 0) {
         pl_conn_respond_error(c, rc == -EACCES ? 401 : 400, err);
         return;
@@ -342,26 +344,42 @@ void pl_broker_park(pl_broker *b, pl_conn *c, const pl_request *req, const pl_ho
 
 /* ---- POST /warm-start: dispatch ---- */
 
-static void count_dispatch(pl_broker *b, pl_dispatch_result result, uint64_t waited_ms,
-                           uint64_t start_ns)
+/* Answers the dispatcher <c> (NULL: it went away; counted only) for the
+ * run <m>, whose key the engine found at <spot> (NULL: the caller did not
+ * look it up), offered to a poll of its key or not (<offered>), at <now>. */
+static void answered(pl_broker *b, pl_conn *c, const pl_message *m, const pl_engine_spot *spot,
+                     int offered, pl_dispatch_result result, uint64_t waited_ms,
+                     uint64_t start_ns, uint64_t now)
 {
-    b->metrics.dispatch[result]++;
-    if (result == PL_DISPATCH_HIT)
-        pl_histogram_observe(&b->metrics.wait_seconds, (double)waited_ms / 1e3);
-    pl_histogram_observe(&b->metrics.dispatch_seconds,
-                       (double)(uv_hrtime() - start_ns) / 1e9);
-}
-
-/* Answers the dispatcher <c> (NULL: it went away; counted only). */
-static void answer_dispatch(void *arg, pl_conn *c, pl_dispatch_result result,
-                            uint64_t waited_ms, uint64_t start_ns)
-{
-    pl_broker *b = arg;
+    uint64_t took = uv_hrtime() - start_ns;
+    pl_diag_dispatch x;
 
     if (c != NULL)
         pl_conn_respond_json(c, 200, result == PL_DISPATCH_HIT ? "{\"didWarmStart\":true}"
                                                      : "{\"didWarmStart\":false}");
-    count_dispatch(b, result, waited_ms, start_ns);
+    b->metrics.dispatch[result]++;
+    if (result == PL_DISPATCH_HIT)
+        pl_histogram_observe(&b->metrics.wait_seconds, (double)waited_ms / 1e3);
+    pl_histogram_observe(&b->metrics.dispatch_seconds, (double)took / 1e9);
+    x.key = &m->key;
+    x.spot = spot;
+    x.payload = m->payload;
+    x.payload_len = m->payload_len;
+    x.result = result;
+    x.offered = offered;
+    x.now = now;
+    x.took_ns = took;
+    x.waited_ms = waited_ms;
+    pl_status_dispatched(b->status, &x);
+}
+
+/* The confirmations' answer: every one follows a delivery attempt. */
+static void answer_dispatch(void *arg, pl_conn *c, const pl_message *m,
+                            pl_dispatch_result result, uint64_t waited_ms, uint64_t start_ns)
+{
+    pl_broker *b = arg;
+
+    answered(b, c, m, NULL, 1, result, waited_ms, start_ns, uv_now(b->loop));
 }
 
 typedef struct {
@@ -399,6 +417,7 @@ void pl_broker_dispatch(pl_broker *b, pl_conn *c, const pl_request *req, const p
     const char *err = NULL;
     pl_engine_spot spot;
     pl_message m;
+    uint64_t now;
     int rc;
 
     if (b->cfg->delivery == PL_DELIVERY_CONFIRM)
@@ -420,16 +439,18 @@ void pl_broker_dispatch(pl_broker *b, pl_conn *c, const pl_request *req, const p
         return;
     }
     d.payload = &m;
-    rc = pl_engine_deliver(b->engine, &spot, uv_now(b->loop), &d);
+    now = uv_now(b->loop);
+    rc = pl_engine_deliver(b->engine, &spot, now, &d);
     if (rc == 0 && pl_redirect_after_miss(b->ring, c, req, hop, &m.key))
         ; /* nothing was delivered here: the run is offered there */
     else if (rc == PL_DELIVERY_PENDING)
         pl_confirm_start(b->confirm, c, &m, &d, start);
     else
-        answer_dispatch(b, c, rc == PL_DELIVERED ? PL_DISPATCH_HIT
-                              : rc == PL_DELIVERY_STOPPED ? PL_DISPATCH_ABANDONED
-                                                          : PL_DISPATCH_MISS,
-                        d.waited_ms, start);
+        answered(b, c, &m, &spot, spot.entry != NULL,
+                 rc == PL_DELIVERED          ? PL_DISPATCH_HIT
+                 : rc == PL_DELIVERY_STOPPED ? PL_DISPATCH_ABANDONED
+                                             : PL_DISPATCH_MISS,
+                 d.waited_ms, start, now);
     pl_message_release(&m);
 }
 

@@ -391,7 +391,7 @@ static void finish(pl_confirm *cf, rec *r, pl_dispatch_result result)
         result = PL_DISPATCH_UNCONFIRMED;
     if (r->dispatcher != NULL)
         pl_conn_set_owner(r->dispatcher, NULL, NULL);
-    cf->answer(cf->arg, r->dispatcher, result, r->waited_ms, r->start_ns);
+    cf->answer(cf->arg, r->dispatcher, &r->msg, result, r->waited_ms, r->start_ns);
     DL_DELETE(cf->recs, r);
     cf->nrecs--;
     /* With nothing left to watch the timer stops: left armed, it would cut
@@ -717,7 +717,7 @@ void pl_confirm_start(pl_confirm *cf, pl_conn *dispatcher, const pl_message *m,
         /* Written but cannot be watched: what delivery = written says. */
         pl_buf_free(&request);
         pl_engine_confirm(cf->engine, d->waiter, PL_OUTCOME_MATCHED);
-        cf->answer(cf->arg, dispatcher, PL_DISPATCH_HIT, d->waited_ms, start_ns);
+        cf->answer(cf->arg, dispatcher, m, PL_DISPATCH_HIT, d->waited_ms, start_ns);
         return;
     }
     memset(r, 0, sizeof(*r));

@@ -59,18 +59,33 @@ static int held(const pl_waiter *w)
     return (w->stamp & STAMP_HELD) != 0;
 }
 
+typedef struct dep dep;
+
 struct pl_engine_entry {
     UT_hash_handle hh; /* by encoded key */
     pl_waiter *head;   /* utlist: head->qprev is the tail */
+    dep *dep;          /* its deployment's */
+    pl_entry *dprev, *dnext; /* among its deployment's keys */
     uint32_t count;
     uint32_t mark;     /* the caller's (pl_engine_spot) */
     uint32_t keylen;
     unsigned char keybytes[];
 };
 
+/* A deployment with waiters, and its keys: what a dispatch that found
+ * nobody is told about (pl_engine_nearest). Made with its first key entry
+ * and freed with its last, so that a waiter costs it nothing. */
+struct dep {
+    UT_hash_handle hh; /* by deployment */
+    pl_entry *entries; /* utlist (dprev, dnext) */
+    uint32_t len;
+    char name[];
+};
+
 struct pl_engine {
     pl_engine_opts opts;
     pl_entry *entries;      /* uthash head, by key */
+    dep *deps;              /* uthash head, by deployment */
     /* uthash head, by controller id (see id_hash). Every parked waiter is
      * in it, in the order they parked: the head is the oldest, and as one
      * timeout serves all, the list is sorted by deadline too. */
@@ -97,6 +112,7 @@ void pl_engine_free(pl_engine *e)
         return;
     pl_engine_drain(e);
     HASH_CLEAR(hh, e->entries);
+    HASH_CLEAR(hh, e->deps);
     HASH_CLEAR(hh, e->by_id);
     pl_free(e);
 }
@@ -111,6 +127,14 @@ size_t pl_engine_key_count(const pl_engine *e)
     return e->nkeys;
 }
 
+/* The key info of <ent> (strings into the entry). */
+static void entry_info(const pl_entry *ent, pl_key_info *info)
+{
+    pl_key_decode(ent->keybytes, ent->keylen, &info->key);
+    info->parked = ent->count;
+    info->oldest_parked_at = parked_at(ent->head); /* appended in time order */
+}
+
 size_t pl_engine_each_key(const pl_engine *e, size_t max,
                           void (*fn)(const pl_key_info *info, void *arg), void *arg)
 {
@@ -119,9 +143,7 @@ size_t pl_engine_each_key(const pl_engine *e, size_t max,
 
     for (ent = e->entries; ent != NULL && n < max; ent = ent->hh.next, n++) {
         pl_key_info info;
-        pl_key_decode(ent->keybytes, ent->keylen, &info.key);
-        info.parked = ent->count;
-        info.oldest_parked_at = parked_at(ent->head); /* appended in time order */
+        entry_info(ent, &info);
         fn(&info, arg);
     }
     return e->nkeys;
@@ -162,19 +184,26 @@ const char *pl_outcome_name(pl_outcome o)
     return (unsigned)o < PL_OUTCOME__COUNT ? names[o] : "unknown";
 }
 
-static pl_entry *lookup(const pl_engine *e, const unsigned char *buf, size_t len)
+static pl_entry *lookup_hashed(const pl_engine *e, const unsigned char *buf, size_t len,
+                               uint32_t hv)
 {
     pl_entry *ent = NULL;
 
-    HASH_FIND(hh, e->entries, buf, len, ent);
+    HASH_FIND_BYHASHVALUE(hh, e->entries, buf, len, hv, ent);
     return ent;
+}
+
+static pl_entry *lookup(const pl_engine *e, const unsigned char *buf, size_t len)
+{
+    return lookup_hashed(e, buf, len, pl_hash(buf, len, 0));
 }
 
 int pl_engine_find(const pl_engine *e, const pl_key *key, pl_engine_spot *spot)
 {
     spot->key = key;
     spot->len = pl_key_encode(key, spot->buf);
-    spot->entry = spot->len > 0 ? lookup(e, spot->buf, spot->len) : NULL;
+    spot->hash = spot->len > 0 ? pl_hash(spot->buf, spot->len, 0) : 0;
+    spot->entry = spot->len > 0 ? lookup_hashed(e, spot->buf, spot->len, spot->hash) : NULL;
     spot->mark = spot->entry != NULL ? spot->entry->mark : 0;
     return spot->len > 0 ? 0 : PL_EINVAL;
 }
@@ -193,22 +222,75 @@ size_t pl_engine_waiting(const pl_engine *e, const pl_key *key)
     return ent ? ent->count : 0;
 }
 
-/* Adds an empty entry for the encoded key <buf>; NULL when out of memory. */
+static dep *find_dep(const pl_engine *e, const char *name, size_t len)
+{
+    dep *d = NULL;
+
+    HASH_FIND(hh, e->deps, name, len, d);
+    return d;
+}
+
+static void free_dep(dep *d)
+{
+    pl_pool_free(d, sizeof(*d) + d->len);
+}
+
+/* The deployment <k> names, made (empty) if it has no key yet; NULL when
+ * out of memory. */
+static dep *get_dep(pl_engine *e, const pl_key *k)
+{
+    dep *d = find_dep(e, k->deployment, k->deployment_len);
+
+    if (d != NULL)
+        return d;
+    if ((d = pl_pool_alloc(sizeof(*d) + k->deployment_len, NULL)) == NULL)
+        return NULL;
+    memset(d, 0, sizeof(*d));
+    d->len = (uint32_t)k->deployment_len;
+    memcpy(d->name, k->deployment, k->deployment_len);
+    oom_flag = 0;
+    HASH_ADD(hh, e->deps, name, d->len, d);
+    if (oom_flag) {
+        free_dep(d);
+        return NULL;
+    }
+    return d;
+}
+
+/* <d> once its last key has gone. */
+static void drop_dep_if_empty(pl_engine *e, dep *d)
+{
+    if (d->entries != NULL)
+        return;
+    HASH_DELETE(hh, e->deps, d);
+    free_dep(d);
+}
+
+/* Adds an empty entry for the encoded key <buf>; NULL when out of memory
+ * (nothing changed). */
 static pl_entry *new_entry(pl_engine *e, const unsigned char *buf, size_t len)
 {
     pl_entry *ent = pl_pool_alloc(sizeof(*ent) + len, NULL);
+    pl_key k;
 
     if (ent == NULL)
         return NULL;
     memset(ent, 0, sizeof(*ent));
     ent->keylen = (uint32_t)len;
     memcpy(ent->keybytes, buf, len);
-    oom_flag = 0;
-    HASH_ADD(hh, e->entries, keybytes, len, ent);
-    if (oom_flag) {
+    pl_key_decode(ent->keybytes, len, &k);
+    if ((ent->dep = get_dep(e, &k)) == NULL) {
         pl_pool_free(ent, sizeof(*ent) + len);
         return NULL;
     }
+    oom_flag = 0;
+    HASH_ADD(hh, e->entries, keybytes, len, ent);
+    if (oom_flag) {
+        drop_dep_if_empty(e, ent->dep);
+        pl_pool_free(ent, sizeof(*ent) + len);
+        return NULL;
+    }
+    DL_APPEND2(ent->dep->entries, ent, dprev, dnext);
     e->nkeys++;
     return ent;
 }
@@ -218,8 +300,61 @@ static void drop_entry_if_empty(pl_engine *e, pl_entry *ent)
     if (ent->count > 0)
         return;
     HASH_DELETE(hh, e->entries, ent);
+    DL_DELETE2(ent->dep->entries, ent, dprev, dnext);
+    drop_dep_if_empty(e, ent->dep);
     pl_pool_free(ent, sizeof(*ent) + ent->keylen);
     e->nkeys--;
+}
+
+static int same_text(const char *a, size_t alen, const char *b, size_t blen)
+{
+    return alen == blen && memcmp(a, b, alen) == 0;
+}
+
+void pl_engine_nearest(const pl_engine *e, const pl_key *key, size_t max, pl_engine_near *out)
+{
+    const dep *d = find_dep(e, key->deployment, key->deployment_len);
+    const pl_entry *best = NULL;
+    int best_same = 0;
+    size_t n = 0;
+
+    memset(out, 0, sizeof(*out));
+    out->deployments = HASH_COUNT(e->deps);
+    if (d == NULL)
+        return;
+    for (const pl_entry *ent = d->entries; ent != NULL && n < max; ent = ent->dnext, n++) {
+        pl_key k;
+        int same;
+
+        pl_key_decode(ent->keybytes, ent->keylen, &k);
+        same = same_text(k.version, k.version_len, key->version, key->version_len);
+        out->deployment_keys++;
+        out->deployment_parked += ent->count;
+        if (same)
+            out->version_parked += ent->count;
+        if (same && k.cpu == key->cpu && k.memory == key->memory) {
+            out->key_parked += ent->count;
+            continue; /* the key itself is no neighbour of its own */
+        }
+        /* A key on the same version is nearer than any on another. */
+        if (best == NULL || same > best_same || (same == best_same && ent->count > best->count)) {
+            best = ent;
+            best_same = same;
+        }
+    }
+    if (best == NULL)
+        return;
+    out->found = 1;
+    entry_info(best, &out->nearest);
+    n = 0;
+    for (const pl_entry *ent = d->entries; ent != NULL && n < max; ent = ent->dnext, n++) {
+        pl_key k;
+
+        pl_key_decode(ent->keybytes, ent->keylen, &k);
+        if (same_text(k.version, k.version_len, out->nearest.key.version,
+                      out->nearest.key.version_len))
+            out->nearest_version_parked += ent->count;
+    }
 }
 
 /* Links <w>, already in the id index (so at the tail of the time list), at

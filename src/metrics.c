@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "pilotlight/diag.h"
 #include "pilotlight/metrics.h"
 #include "pilotlight/pool.h"
 
@@ -36,7 +37,7 @@ static const char *const upgrade_names[PL_UPGRADE__COUNT] = {
 };
 
 static const char *const route_names[PL_ROUTE__COUNT] = {
-    "other", "connect", "park", "dispatch", "healthz", "readyz", "metrics", "debug",
+    "other", "connect", "park", "dispatch", "healthz", "readyz", "metrics", "debug", "status",
 };
 static const char *const result_names[PL_DISPATCH__COUNT] = {
     "hit", "miss", "invalid", "abandoned", "unconfirmed",
@@ -206,6 +207,12 @@ size_t pl_metrics_render(const pl_metrics *m, const pl_ledger *l, size_t keys,
     for (int i = 0; i < PL_DISPATCH__COUNT; i++)
         emit(&o, "pilotlight_dispatch_total{result=\"%s\"} %llu\n", result_names[i],
              (unsigned long long)m->dispatch[i]);
+    emit(&o, "# HELP pilotlight_dispatch_miss_total Dispatches nobody parked for their key "
+             "took (result miss), by what was parked nearest it.\n"
+             "# TYPE pilotlight_dispatch_miss_total counter\n");
+    for (int i = 0; i < PL_NEAREST__COUNT; i++)
+        emit(&o, "pilotlight_dispatch_miss_total{nearest=\"%s\"} %llu\n",
+             pl_nearest_name((pl_nearest)i), (unsigned long long)m->miss_nearest[i]);
     emit(&o, "# HELP pilotlight_token_checks_total Deployment tokens checked, by result.\n"
              "# TYPE pilotlight_token_checks_total counter\n");
     for (int i = 0; i < 4; i++)

@@ -580,6 +580,23 @@ pl_peers *pl_peers_start(uv_loop_t *loop, const pl_peers_opts *o, pl_peers_chang
     return p;
 }
 
+size_t pl_peers_each(const pl_peers *p, void (*fn)(const pl_peer_info *info, void *arg),
+                     void *arg)
+{
+    size_t n = 0;
+
+    for (size_t i = 0; i < p->n; i++) {
+        const cand *c = p->c[i];
+        pl_peer_info info = {c->name, c->self, c->self ? !p->left : c->up, c->failed};
+
+        if (c->gone)
+            continue;
+        fn(&info, arg);
+        n++;
+    }
+    return n;
+}
+
 void pl_peers_leave(pl_peers *p)
 {
     if (p == NULL || p->left)

@@ -57,6 +57,27 @@ static const char *not_text(const char *s, size_t len)
     return NULL;
 }
 
+/* A refused poll's key: the deployment its token claims (never verified)
+ * or the bare id, if that is text a key could hold; else none. Read for
+ * the status page, to say whose poll was refused. */
+static void refused_deployment(const char *id, size_t len, pl_key *key,
+                               pl_token_claims *claims)
+{
+    long n = pl_token_deployment(id, len, claims->deployment, sizeof(claims->deployment));
+
+    key->deployment_len = 0;
+    if (n < 0 && n != PL_TOKEN_NOT_JWT)
+        return;
+    if (n >= 0) {
+        id = claims->deployment;
+        len = (size_t)n;
+    }
+    if (len <= PL_KEY_FIELD_MAX && not_text(id, len) == NULL) {
+        key->deployment = id;
+        key->deployment_len = len;
+    }
+}
+
 /* Sets the key's deployment from the deployment-id header. */
 static int read_deployment(const pl_request *req, pl_token_verifier *verifier,
                            int enforce, double now, pl_key *key,
@@ -87,6 +108,7 @@ static int read_deployment(const pl_request *req, pl_token_verifier *verifier,
         if (enforce) {
             *err = r == PL_TOKEN_LEGACY ? "a signed deployment token is required"
                                         : "invalid deployment token";
+            refused_deployment(id, len, key, claims);
             return -EACCES;
         }
     }

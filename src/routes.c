@@ -49,6 +49,20 @@ static void handle_debug_waiters(pl_broker *b, pl_conn *c, const pl_request *req
     pl_status_waiters(pl_broker_status(b), c);
 }
 
+/* GET /status: the page; GET /debug/status: what it shows, as JSON. */
+static void handle_status(pl_broker *b, pl_conn *c, const pl_request *req, const pl_hop *hop)
+{
+    (void)req, (void)hop;
+    pl_status_page(pl_broker_status(b), c, pl_broker_draining(b));
+}
+
+static void handle_debug_status(pl_broker *b, pl_conn *c, const pl_request *req,
+                                const pl_hop *hop)
+{
+    (void)req, (void)hop;
+    pl_status_json(pl_broker_status(b), c, pl_broker_draining(b));
+}
+
 typedef void (*handler)(pl_broker *b, pl_conn *c, const pl_request *req, const pl_hop *hop);
 
 static const struct route {
@@ -68,6 +82,8 @@ static const struct route {
      handle_readyz},
     {"/metrics", HTTP_GET, PL_ROUTE_METRICS, PL_SERVE_DISPATCH, 0, handle_metrics},
     {"/debug/waiters", HTTP_GET, PL_ROUTE_DEBUG, PL_SERVE_DISPATCH, 1, handle_debug_waiters},
+    {"/status", HTTP_GET, PL_ROUTE_STATUS, PL_SERVE_DISPATCH, 1, handle_status},
+    {"/debug/status", HTTP_GET, PL_ROUTE_STATUS, PL_SERVE_DISPATCH, 1, handle_debug_status},
 };
 
 #define NROUTES (sizeof(routes) / sizeof(routes[0]))

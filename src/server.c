@@ -463,6 +463,7 @@ static int start_peers(server *s)
         PL_LOG(PL_LOG_ERROR, "cannot join the ring", "\"error\":\"%s\"", err);
         return -EINVAL;
     }
+    pl_status_set_peers(pl_broker_status(s->broker), s->peers);
     return 0;
 }
 

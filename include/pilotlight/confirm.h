@@ -94,11 +94,13 @@ typedef struct {
 } pl_confirm_opts;
 
 /* What the broker does for the confirmations: answer a dispatcher (NULL
- * when it went away: count only) with <result>; <waited_ms> is how long
- * the controller that took the run had been parked, <start_ns> when the
+ * when it went away: count only) with <result> for the run <m> (its key
+ * and run id; valid during the call); <waited_ms> is how long the
+ * controller that took the run had been parked, <start_ns> when the
  * dispatch arrived (uv_hrtime). */
-typedef void (*pl_confirm_answer_fn)(void *arg, pl_conn *dispatcher, pl_dispatch_result result,
-                                     uint64_t waited_ms, uint64_t start_ns);
+typedef void (*pl_confirm_answer_fn)(void *arg, pl_conn *dispatcher, const pl_message *m,
+                                     pl_dispatch_result result, uint64_t waited_ms,
+                                     uint64_t start_ns);
 
 /* Returns the confirmations of <engine>'s deliveries (the engine's waiters
  * are owned by their connections), counting into <counters>, or NULL when

@@ -85,6 +85,9 @@ typedef struct {
     const pl_key *key;             /* the key found (the caller's, not copied) */
     struct pl_engine_entry *entry; /* NULL while nothing is parked for the key */
     uint32_t mark;                 /* the caller's word about the key (below) */
+    uint32_t hash;                 /* pl_hash() of the encoding, which the engine's own
+                                    * lookup computed: a caller's table of keys
+                                    * needs no second one (0 when len is 0) */
     size_t len;                    /* bytes of buf, the key's encoding; 0: none */
     unsigned char buf[PL_KEY_ENCODED_MAX];
 } pl_engine_spot;
@@ -255,6 +258,33 @@ typedef struct {
  * Returns the number of such keys in all. */
 size_t pl_engine_each_key(const pl_engine *e, size_t max,
                           void (*fn)(const pl_key_info *info, void *arg), void *arg);
+
+/* What is parked nearest to a key, for a dispatch that found nobody:
+ * pl_engine_nearest() fills it. */
+typedef struct {
+    size_t deployments;       /* deployments with a waiter, all told */
+    size_t deployment_keys;   /* keys with a waiter for the key's deployment */
+    size_t deployment_parked; /* waiters for the key's deployment, any version
+                               * or machine */
+    size_t version_parked;    /* ... of which on the key's version: on other
+                               * machines, or the key's own */
+    size_t key_parked;        /* ... of which on the key itself */
+    /* The nearest other key with a waiter, of the key's deployment: the one
+     * with the most waiters on the key's version, else the one with the
+     * most on any version. nearest.parked is that key's count,
+     * nearest_version_parked its version's (every machine). Strings are
+     * valid until the engine next changes. */
+    int found;
+    pl_key_info nearest;
+    size_t nearest_version_parked;
+} pl_engine_near;
+
+/* Fills <out> for <key>, looking at no more than <max> keys of its
+ * deployment (its versions and machines). Costs a lookup of the
+ * deployment and a walk of its keys: the engine keeps the keys of each
+ * deployment together, an index changed only when a key gains its first
+ * waiter or loses its last. */
+void pl_engine_nearest(const pl_engine *e, const pl_key *key, size_t max, pl_engine_near *out);
 
 /* Number of waiters parked under <key>. */
 size_t pl_engine_waiting(const pl_engine *e, const pl_key *key);

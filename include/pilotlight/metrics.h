@@ -8,6 +8,7 @@
 
 #include "pilotlight/broker-t.h"
 #include "pilotlight/confirm-t.h"
+#include "pilotlight/diag-t.h"
 #include "pilotlight/engine.h"
 #include "pilotlight/histogram.h"
 #include "pilotlight/proc.h"
@@ -17,6 +18,8 @@
 typedef struct {
     uint64_t http[PL_ROUTE__COUNT][5]; /* by status class 1xx..5xx */
     uint64_t dispatch[PL_DISPATCH__COUNT];
+    uint64_t miss_nearest[PL_NEAREST__COUNT]; /* misses by what was parked
+                                               * nearest (diag.h) */
     uint64_t token[4];              /* by pl_token_result */
     uint64_t connections_open;
     pl_histogram dispatch_seconds; /* dispatch request handling time */

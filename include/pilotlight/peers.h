@@ -53,6 +53,19 @@ typedef void (*pl_peers_changed_fn)(void *arg, const pl_ring *ring, int self);
 pl_peers *pl_peers_start(uv_loop_t *loop, const pl_peers_opts *o, pl_peers_changed_fn changed,
                          void *arg, char *err, size_t errlen);
 
+/* One candidate member, as pl_peers_each() tells it. */
+typedef struct {
+    const char *name; /* "host:port", as the ring names it */
+    int self;         /* this instance */
+    int up;           /* a member: its last check said ready (self: not left) */
+    unsigned failed;  /* checks unanswered in a row */
+} pl_peer_info;
+
+/* Calls <fn> for each candidate, this instance included (for the status
+ * page). Returns how many. */
+size_t pl_peers_each(const pl_peers *p, void (*fn)(const pl_peer_info *info, void *arg),
+                     void *arg);
+
 /* This instance leaves the ring (it drains): <changed> runs at once. The
  * checks of the others go on. */
 void pl_peers_leave(pl_peers *p);

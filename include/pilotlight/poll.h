@@ -21,7 +21,9 @@
  * UTF-8 without control characters, as any key a dispatch body can name.
  * Returns 0, or -EINVAL (malformed: answered 400, *err naming the header)
  * or -EACCES (<enforce> and the token is not valid: 401), with *err set,
- * possibly to <msg>. */
+ * possibly to <msg>. On -EACCES, <key> is what the poll asked for as far as
+ * it can be told: the deployment its token claims (never verified) or the
+ * bare id, or an empty deployment when that is not readable text. */
 int pl_poll_key(const pl_request *req, pl_token_verifier *verifier, int enforce,
                 double now, pl_key *key, pl_token_claims *claims, int *token,
                 const char **err, char *msg, size_t msglen);

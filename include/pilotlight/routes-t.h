@@ -13,6 +13,7 @@ typedef enum {
     PL_ROUTE_READYZ,
     PL_ROUTE_METRICS,
     PL_ROUTE_DEBUG,
+    PL_ROUTE_STATUS, /* /status and /debug/status */
     PL_ROUTE__COUNT
 } pl_route;
 

@@ -1,6 +1,7 @@
 /* routes.h -- the request table: which handler answers a request, by path,
  * method, the listener it came in on and the bearer token, and the small
- * endpoints (/connect, /healthz, /readyz, /metrics, /debug/waiters). */
+ * endpoints (/connect, /healthz, /readyz, /metrics, /debug/waiters,
+ * /status, /debug/status). */
 #ifndef PILOTLIGHT_ROUTES_H
 #define PILOTLIGHT_ROUTES_H
 

@@ -218,6 +218,44 @@ static int by_owner(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* The engine's index by deployment against the model: what
+ * pl_engine_nearest() counts for each model key. */
+static void m_check_nearest(const model *m, const pl_engine *e, unsigned variant)
+{
+    char dep[32], ver[32];
+    size_t deps = 0;
+
+    for (int k = 0; k < M_KEYS; k++) { /* distinct deployments with a waiter */
+        int first = 1;
+        size_t d = 0;
+
+        for (int j = 0; j < M_KEYS; j++)
+            if (strcmp(mkeys[j].dep, mkeys[k].dep) == 0) {
+                first &= j >= k;
+                d += m->n[j];
+            }
+        deps += first && d > 0;
+    }
+    for (int k = 0; k < M_KEYS; k++) {
+        pl_key key_k = mkey(k, variant + (unsigned)k, dep, ver);
+        size_t on_dep = 0, on_ver = 0;
+        pl_engine_near n;
+
+        for (int j = 0; j < M_KEYS; j++) {
+            if (strcmp(mkeys[j].dep, mkeys[k].dep) != 0)
+                continue;
+            on_dep += m->n[j];
+            on_ver += strcmp(mkeys[j].ver, mkeys[k].ver) == 0 ? m->n[j] : 0;
+        }
+        pl_engine_nearest(e, &key_k, M_KEYS, &n);
+        CHECK_EQ(n.deployment_parked, on_dep);
+        CHECK_EQ(n.version_parked, on_ver);
+        CHECK_EQ(n.key_parked, m->n[k]);
+        CHECK_EQ(n.found, on_dep > m->n[k]);
+        CHECK_EQ(n.deployments, deps);
+    }
+}
+
 /* Checks the callbacks since log_reset() are exactly the model's
  * expected settlements (in any order), then the engine's counters. */
 static void m_check(const model *m, const pl_engine *e, const void *payload,
@@ -267,6 +305,7 @@ static void m_check(const model *m, const pl_engine *e, const void *payload,
         }
     }
     CHECK_EQ(pl_engine_key_count(e), keys);
+    m_check_nearest(m, e, variant);
 
     const pl_ledger *l = pl_engine_ledger(e);
     CHECK_EQ(l->parked_now, live);

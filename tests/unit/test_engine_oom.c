@@ -6,7 +6,7 @@
 
 typedef struct {
     pl_ledger ledger;
-    size_t keys;
+    size_t keys, deployments;
     size_t waiting[4];
     unsigned long callbacks;
 } snapshot;
@@ -18,6 +18,11 @@ static snapshot snap(const pl_engine *e, const pl_key *probe[4])
     memset(&s, 0, sizeof(s));
     s.ledger = *pl_engine_ledger(e);
     s.keys = pl_engine_key_count(e);
+    {
+        pl_engine_near n;
+        pl_engine_nearest(e, &KA, 64, &n);
+        s.deployments = n.deployments;
+    }
     for (int i = 0; i < 4; i++)
         s.waiting[i] = probe[i] ? pl_engine_waiting(e, probe[i]) : 0;
     s.callbacks = total_callbacks;
@@ -27,7 +32,8 @@ static snapshot snap(const pl_engine *e, const pl_key *probe[4])
 static int snap_equal(const snapshot *a, const snapshot *b)
 {
     return memcmp(&a->ledger, &b->ledger, sizeof(a->ledger)) == 0 &&
-           a->keys == b->keys && a->callbacks == b->callbacks &&
+           a->keys == b->keys && a->deployments == b->deployments &&
+           a->callbacks == b->callbacks &&
            memcmp(a->waiting, b->waiting, sizeof(a->waiting)) == 0;
 }
 

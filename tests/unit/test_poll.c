@@ -300,17 +300,31 @@ static void test_token_enforced(void)
     CHECK_EQ(token, PL_TOKEN_VALID);
     CHECK(key_is("deployment_tok", "20250101.1", 0.5, 1));
 
+    /* refused, the key still says what the poll claimed (the status page
+     * names the deployment whose poll was refused) */
     set(PL_HDR_DEPLOYMENT_ID, mint("wrong-secret", CLAIMS("deployment_tok", "20250101.1")));
     CHECK_EQ(key_of(ENFORCE), -EACCES);
     CHECK_EQ(token, PL_TOKEN_INVALID);
     CHECK_STR(err, "invalid deployment token");
+    CHECK(key_is("deployment_tok", "20250101.1", 0.5, 1));
     set(PL_HDR_DEPLOYMENT_ID, mint(SECRET, CLAIMS("deployment_tok", "20250101.2")));
     CHECK_EQ(key_of(ENFORCE), -EACCES);
     CHECK_STR(err, "invalid deployment token");
+    CHECK(key_is("deployment_tok", "20250101.1", 0.5, 1));
     set(PL_HDR_DEPLOYMENT_ID, "deployment_abc123");
     CHECK_EQ(key_of(ENFORCE), -EACCES);
     CHECK_EQ(token, PL_TOKEN_LEGACY);
     CHECK_STR(err, "a signed deployment token is required");
+    CHECK(key_is("deployment_abc123", "20250101.1", 0.5, 1));
+    /* ... but no claim, or one no key could hold, is no deployment: still 401 */
+    set(PL_HDR_DEPLOYMENT_ID, mint("wrong-secret", "{\"deployment_version\":\"1\"}"));
+    CHECK_EQ(key_of(ENFORCE), -EACCES);
+    CHECK_STR(err, "invalid deployment token");
+    CHECK_EQ(key.deployment_len, 0);
+    set(PL_HDR_DEPLOYMENT_ID, mint("wrong-secret", CLAIMS("dep\\u0007", "20250101.1")));
+    CHECK_EQ(key_of(ENFORCE), -EACCES);
+    CHECK_STR(err, "invalid deployment token");
+    CHECK_EQ(key.deployment_len, 0);
     /* malformed headers are 400 before any token is looked at */
     set(PL_HDR_MACHINE_CPU, "lots");
     CHECK_EQ(key_of(ENFORCE), -EINVAL);
