@@ -171,7 +171,7 @@ static pl_confirm_opts confirm_opts(const pl_config *cfg)
     return opts;
 }
 
-static void answer_dispatch(void *arg, pl_conn *c, const pl_message *m,
+static void answer_dispatch(void *arg, pl_conn *c, const pl_message *m, uint32_t note,
                             pl_dispatch_result result, uint64_t waited_ms, uint64_t start_ns);
 
 pl_broker *pl_broker_new(uv_loop_t *loop, const pl_config *cfg)
@@ -345,11 +345,12 @@ void pl_broker_park(pl_broker *b, pl_conn *c, const pl_request *req, const pl_ho
 /* ---- POST /warm-start: dispatch ---- */
 
 /* Answers the dispatcher <c> (NULL: it went away; counted only) for the
- * run <m>, whose key the engine found at <spot> (NULL: the caller did not
- * look it up), offered to a poll of its key or not (<offered>), at <now>. */
+ * run <m>, whose key the engine found at <spot> (NULL: a confirmation's,
+ * the key tagged <tag> by pl_status_tag), offered to a poll of its key or
+ * not (<offered>), at <now>. */
 static void answered(pl_broker *b, pl_conn *c, const pl_message *m, const pl_engine_spot *spot,
-                     int offered, pl_dispatch_result result, uint64_t waited_ms,
-                     uint64_t start_ns, uint64_t now)
+                     uint32_t tag, int offered, pl_dispatch_result result,
+                     uint64_t waited_ms, uint64_t start_ns, uint64_t now)
 {
     uint64_t took = uv_hrtime() - start_ns;
     pl_diag_dispatch x;
@@ -363,6 +364,7 @@ static void answered(pl_broker *b, pl_conn *c, const pl_message *m, const pl_eng
     pl_histogram_observe(&b->metrics.dispatch_seconds, (double)took / 1e9);
     x.key = &m->key;
     x.spot = spot;
+    x.tag = tag;
     x.payload = m->payload;
     x.payload_len = m->payload_len;
     x.result = result;
@@ -373,13 +375,14 @@ static void answered(pl_broker *b, pl_conn *c, const pl_message *m, const pl_eng
     pl_status_dispatched(b->status, &x);
 }
 
-/* The confirmations' answer: every one follows a delivery attempt. */
-static void answer_dispatch(void *arg, pl_conn *c, const pl_message *m,
+/* The confirmations' answer: every one follows a delivery attempt. The
+ * note is the key's tag (pl_status_tag). */
+static void answer_dispatch(void *arg, pl_conn *c, const pl_message *m, uint32_t note,
                             pl_dispatch_result result, uint64_t waited_ms, uint64_t start_ns)
 {
     pl_broker *b = arg;
 
-    answered(b, c, m, NULL, 1, result, waited_ms, start_ns, uv_now(b->loop));
+    answered(b, c, m, NULL, note, 1, result, waited_ms, start_ns, uv_now(b->loop));
 }
 
 typedef struct {
@@ -444,9 +447,10 @@ void pl_broker_dispatch(pl_broker *b, pl_conn *c, const pl_request *req, const p
     if (rc == 0 && pl_redirect_after_miss(b->ring, c, req, hop, &m.key))
         ; /* nothing was delivered here: the run is offered there */
     else if (rc == PL_DELIVERY_PENDING)
-        pl_confirm_start(b->confirm, c, &m, &d, start);
+        pl_confirm_start(b->confirm, c, &m, &d, start,
+                         pl_status_tag(b->status, &spot));
     else
-        answered(b, c, &m, &spot, spot.entry != NULL,
+        answered(b, c, &m, &spot, 0, spot.entry != NULL,
                  rc == PL_DELIVERED          ? PL_DISPATCH_HIT
                  : rc == PL_DELIVERY_STOPPED ? PL_DISPATCH_ABANDONED
                                              : PL_DISPATCH_MISS,

@@ -135,6 +135,7 @@ struct rec {
     uint64_t left_at;     /* its whole payload was first seen to have left,
                            * at this time; 0 until then */
     pl_confirm_outcome last; /* how the last failed attempt ended */
+    uint32_t note;        /* the caller's (pl_confirm_start) */
     unsigned how : 2;     /* HOW_* */
     unsigned late : 1;    /* past late_at: the kernel was asked */
     unsigned overdue : 1; /* its ACK is overdue for its path: counted in
@@ -391,7 +392,7 @@ static void finish(pl_confirm *cf, rec *r, pl_dispatch_result result)
         result = PL_DISPATCH_UNCONFIRMED;
     if (r->dispatcher != NULL)
         pl_conn_set_owner(r->dispatcher, NULL, NULL);
-    cf->answer(cf->arg, r->dispatcher, &r->msg, result, r->waited_ms, r->start_ns);
+    cf->answer(cf->arg, r->dispatcher, &r->msg, r->note, result, r->waited_ms, r->start_ns);
     DL_DELETE(cf->recs, r);
     cf->nrecs--;
     /* With nothing left to watch the timer stops: left armed, it would cut
@@ -701,7 +702,7 @@ int pl_confirm_vet(pl_confirm *cf, pl_conn *c)
 }
 
 void pl_confirm_start(pl_confirm *cf, pl_conn *dispatcher, const pl_message *m,
-                      const pl_delivery *d, uint64_t start_ns)
+                      const pl_delivery *d, uint64_t start_ns, uint32_t note)
 {
     size_t dl = m->key.deployment_len, vl = m->key.version_len, pl = 0;
     uint64_t now = uv_now(cf->loop);
@@ -717,7 +718,7 @@ void pl_confirm_start(pl_confirm *cf, pl_conn *dispatcher, const pl_message *m,
         /* Written but cannot be watched: what delivery = written says. */
         pl_buf_free(&request);
         pl_engine_confirm(cf->engine, d->waiter, PL_OUTCOME_MATCHED);
-        cf->answer(cf->arg, dispatcher, m, PL_DISPATCH_HIT, d->waited_ms, start_ns);
+        cf->answer(cf->arg, dispatcher, m, note, PL_DISPATCH_HIT, d->waited_ms, start_ns);
         return;
     }
     memset(r, 0, sizeof(*r));
@@ -733,6 +734,7 @@ void pl_confirm_start(pl_confirm *cf, pl_conn *dispatcher, const pl_message *m,
     r->msg.key.version = r->data + pl + dl;
     r->dispatcher = dispatcher;
     r->start_ns = start_ns;
+    r->note = note;
     r->deadline = now + cf->opts.timeout_ms;
     DL_PREPEND(cf->recs, r);
     cf->nrecs++;

@@ -27,13 +27,14 @@ typedef struct {
 
 /* A key dispatched to. */
 typedef struct {
-    unsigned char *enc; /* its encoding (pool), NULL while the slot is free */
+    unsigned char *enc; /* its encoding (pool, <cap> bytes), kept for the
+                         * slot's next key; NULL before its first */
     uint32_t hash;
-    uint16_t len;
-    uint8_t next;  /* in its bucket's chain */
-    uint8_t pins;  /* events kept that name it: it stays while any do */
-    uint64_t last; /* last dispatched to (loop ms): the least recent goes
-                    * first, found by a look at all (only a new key pays) */
+    uint16_t len, cap;
+    uint8_t next; /* in its bucket's chain */
+    uint8_t pins; /* events kept that name it: it stays while any do */
+    uint8_t used; /* dispatched to since the clock hand last passed */
+    uint32_t gen; /* times the slot was taken: a tag names this use of it */
     window w;
 } rec;
 
@@ -62,7 +63,7 @@ typedef struct {
     int ref_token, ref_enforced;
     uint64_t ref_at;
     uint64_t near_parked, near_version_parked, version_parked, deployment_parked,
-        deployment_keys, parked, deployments;
+        deployment_keys, parked;
 } miss_event;
 
 /* A poll refused its token. */
@@ -78,7 +79,8 @@ struct pl_diag {
     rec recs[PL_DIAG_KEYS];
     uint8_t buckets[BUCKETS];
     uint8_t nrecs; /* recs ever used: they are reused, never freed */
-    window all;
+    uint8_t hand;  /* the clock hand: the next rec looked at for room */
+    window gone;   /* the counts of keys let go: all = gone + every rec's */
     event hits[PL_DIAG_LAST];
     miss_event misses[PL_DIAG_LAST];
     uint64_t nhits, nmisses; /* events ever kept: the next slot is n % LAST */
@@ -140,6 +142,28 @@ static inline void window_count(window *w, uint64_t minute, unsigned slot, int h
         w->misses[slot]++;
 }
 
+/* Adds <from>'s counts to <into>'s. */
+static void window_merge(window *into, const window *from)
+{
+    if (from->minute > into->minute)
+        window_roll(into, from->minute);
+    if (from->minute == into->minute) { /* mostly: bucket by bucket */
+        for (unsigned i = 0; i < PL_DIAG_MINUTES; i++) {
+            into->hits[i] += from->hits[i];
+            into->misses[i] += from->misses[i];
+        }
+        return;
+    }
+    for (uint64_t i = 0; i < PL_DIAG_MINUTES && i <= from->minute; i++) {
+        uint64_t m = from->minute - i;
+
+        if (into->minute - m >= PL_DIAG_MINUTES)
+            break; /* out of <into>'s window, and so are the older ones */
+        into->hits[m % PL_DIAG_MINUTES] += from->hits[m % PL_DIAG_MINUTES];
+        into->misses[m % PL_DIAG_MINUTES] += from->misses[m % PL_DIAG_MINUTES];
+    }
+}
+
 /* <w> as seen at <now>, the oldest minute first. */
 static void window_read(const window *w, uint64_t now, pl_diag_window *out)
 {
@@ -180,7 +204,7 @@ void pl_diag_free(pl_diag *d)
     if (d == NULL)
         return;
     for (unsigned i = 0; i < d->nrecs; i++)
-        pl_pool_free(d->recs[i].enc, d->recs[i].len);
+        pl_pool_free(d->recs[i].enc, d->recs[i].cap);
     for (unsigned i = 0; i < PL_DIAG_LAST; i++) {
         unkeep(&d->misses[i].near);
         unkeep(&d->misses[i].refused);
@@ -201,44 +225,78 @@ static unsigned find_rec(const pl_diag *d, const unsigned char *enc, size_t len,
     return i;
 }
 
-/* Frees the least recently dispatched-to key no kept event names (there
- * is one: events pin at most 2 * PL_DIAG_LAST keys). */
-static rec *evict(pl_diag *d)
+/* The encoding of <x>'s key: its spot's, or written into <buf>. Returns its
+ * length. */
+static size_t encoding(const pl_diag_dispatch *x, unsigned char *buf,
+                       const unsigned char **enc)
 {
-    rec *r = NULL;
-    uint8_t *link;
-
-    for (unsigned i = 0; i < PL_DIAG_KEYS; i++)
-        if (d->recs[i].pins == 0 && (r == NULL || d->recs[i].last < r->last))
-            r = &d->recs[i];
-    PL_ASSERT(r != NULL);
-    for (link = &d->buckets[r->hash % BUCKETS]; *link != r - d->recs;
-         link = &d->recs[*link].next)
-        ;
-    *link = r->next;
-    pl_pool_free(r->enc, r->len);
-    r->enc = NULL;
-    return r;
+    if (x->spot != NULL) {
+        *enc = x->spot->buf;
+        return x->spot->len;
+    }
+    *enc = buf;
+    return pl_key_encode(x->key, buf);
 }
 
-/* The index of the rec of a key not kept yet: a fresh one, or the least
- * recently used one's. NONE when out of memory. */
-static unsigned add_rec(pl_diag *d, const unsigned char *enc, size_t len, uint32_t hash)
+/* The slot for a key not kept yet: a fresh one, else the first the clock
+ * hand finds that no kept event names and that was not dispatched to
+ * since the hand last passed (a second chance, as an operating system's
+ * page clock gives): the keys dispatched to lately stay, at one store per
+ * dispatch. Events pin at most 2 * PL_DIAG_LAST keys: two turns find one. */
+static unsigned victim(pl_diag *d)
 {
-    unsigned char *copy = pl_pool_alloc(len, NULL);
-    rec *r;
+    if (d->nrecs < PL_DIAG_KEYS)
+        return d->nrecs;
+    for (unsigned steps = 0;; steps++) {
+        rec *r = &d->recs[d->hand];
+        unsigned i = d->hand;
 
-    if (copy == NULL)
-        return NONE;
-    memcpy(copy, enc, len);
-    r = d->nrecs < PL_DIAG_KEYS ? &d->recs[d->nrecs++] : evict(d);
+        PL_ASSERT(steps < 2 * PL_DIAG_KEYS);
+        d->hand = (uint8_t)((d->hand + 1) % PL_DIAG_KEYS);
+        if (r->pins == 0 && !r->used)
+            return i;
+        r->used = 0;
+    }
+}
+
+/* The index of the rec of a key not kept yet, first dispatched to in
+ * <minute>, in a fresh slot or in the victim's (its counts go to d->gone).
+ * NONE when out of memory. */
+static unsigned add_rec(pl_diag *d, const unsigned char *enc, size_t len, uint32_t hash,
+                        uint64_t minute)
+{
+    unsigned i = victim(d);
+    rec *r = &d->recs[i];
+    unsigned char *copy = r->enc;
+    size_t cap = r->cap;
+    uint32_t gen = r->gen + 1;
+    uint8_t *link;
+
+    if (copy == NULL || cap < len) { /* else the last key's bytes make room */
+        if ((copy = pl_pool_alloc(len, &cap)) == NULL)
+            return NONE;
+        if (r->enc != NULL)
+            pl_pool_free(r->enc, r->cap);
+    }
+    if (i == d->nrecs) {
+        d->nrecs++;
+    } else {
+        for (link = &d->buckets[r->hash % BUCKETS]; *link != i; link = &d->recs[*link].next)
+            ;
+        *link = r->next;
+        window_merge(&d->gone, &r->w);
+    }
     memset(r, 0, sizeof(*r));
+    r->w.minute = minute; /* its buckets, all empty, end there */
+    r->gen = gen & 0xffffff ? gen : 1; /* 24 bits in a tag, never 0 */
     r->enc = copy;
+    r->cap = (uint16_t)cap;
+    memcpy(r->enc, enc, len);
     r->len = (uint16_t)len;
     r->hash = hash;
     r->next = d->buckets[hash % BUCKETS];
-    d->buckets[hash % BUCKETS] = (uint8_t)(r - d->recs);
-    return (unsigned)(r - d->recs);
+    d->buckets[hash % BUCKETS] = (uint8_t)i;
+    return i;
 }
 
 /* ---- recording ---- */
@@ -328,9 +386,11 @@ static const refusal *refusal_for(const pl_diag *d, const pl_key *key, const uns
 
 /* What was parked nearest the key of the miss <m> (its dispatch <x>),
  * kept in <m>; the first of pl_nearest's order that holds. */
-static pl_nearest classify(pl_diag *d, const pl_diag_dispatch *x, const unsigned char *enc,
-                           size_t len, miss_event *m)
+static pl_nearest classify(pl_diag *d, const pl_diag_dispatch *x, miss_event *m)
 {
+    unsigned char buf[PL_KEY_ENCODED_MAX];
+    const unsigned char *enc;
+    size_t len = encoding(x, buf, &enc);
     pl_engine_near n;
     const refusal *f;
     int exact;
@@ -344,7 +404,6 @@ static pl_nearest classify(pl_diag *d, const pl_diag_dispatch *x, const unsigned
     m->deployment_parked = n.deployment_parked;
     m->deployment_keys = n.deployment_keys;
     m->parked = pl_engine_ledger(d->engine)->parked_now;
-    m->deployments = n.deployments;
     if (n.found) {
         unsigned char buf[PL_KEY_ENCODED_MAX];
         size_t nlen = pl_key_encode(&n.nearest.key, buf);
@@ -360,7 +419,7 @@ static pl_nearest classify(pl_diag *d, const pl_diag_dispatch *x, const unsigned
         kind = PL_NEAREST_VERSION;
     else if (f != NULL)
         kind = PL_NEAREST_TOKEN;
-    else if (n.deployments > 0)
+    else if (m->parked > 0)
         kind = PL_NEAREST_DEPLOYMENT;
     else
         kind = PL_NEAREST_NONE;
@@ -375,8 +434,7 @@ static pl_nearest classify(pl_diag *d, const pl_diag_dispatch *x, const unsigned
 }
 
 /* A false answer: kept with its diagnosis (a miss) in the next slot. */
-static int missed(pl_diag *d, unsigned r, const pl_diag_dispatch *x, const unsigned char *enc,
-                  size_t len)
+static int missed(pl_diag *d, unsigned r, const pl_diag_dispatch *x)
 {
     miss_event *m = &d->misses[d->nmisses++ % PL_DIAG_LAST];
     int kind = -1;
@@ -387,17 +445,16 @@ static int missed(pl_diag *d, unsigned r, const pl_diag_dispatch *x, const unsig
     keep_run(m, x->payload, x->payload_len);
     m->has_refusal = 0;
     m->near_parked = m->near_version_parked = m->version_parked = 0;
-    m->deployment_parked = m->deployment_keys = m->parked = m->deployments = 0;
+    m->deployment_parked = m->deployment_keys = m->parked = 0;
     if (x->result == PL_DISPATCH_MISS)
-        kind = (int)classify(d, x, enc, len, m);
+        kind = (int)classify(d, x, m);
     m->nearest = (uint8_t)(kind < 0 ? PL_NEAREST_NONE : kind);
     return kind;
 }
 
 /* A miss whose key could not be kept (out of memory): classified all the
  * same, for the counters. */
-static int classify_only(pl_diag *d, const pl_diag_dispatch *x, const unsigned char *enc,
-                         size_t len)
+static int classify_only(pl_diag *d, const pl_diag_dispatch *x)
 {
     miss_event m;
     int kind;
@@ -405,40 +462,62 @@ static int classify_only(pl_diag *d, const pl_diag_dispatch *x, const unsigned c
     if (x->result != PL_DISPATCH_MISS)
         return -1;
     memset(&m, 0, sizeof(m));
-    kind = (int)classify(d, x, enc, len, &m);
+    kind = (int)classify(d, x, &m);
     unkeep(&m.near);
     unkeep(&m.refused);
     return kind;
 }
 
-int pl_diag_dispatched(pl_diag *d, const pl_diag_dispatch *x)
+/* The rec of <x>'s key, which came without its spot nor a tag still
+ * valid: looked up, and kept from now on if it is not yet (NONE when
+ * memory is out). */
+static unsigned rec_without_spot(pl_diag *d, const pl_diag_dispatch *x)
 {
     unsigned char buf[PL_KEY_ENCODED_MAX];
-    const unsigned char *enc;
-    size_t len;
-    uint32_t hash;
+    size_t len = pl_key_encode(x->key, buf);
+    uint32_t hash = pl_hash(buf, len, 0);
+    unsigned r = find_rec(d, buf, len, hash);
+
+    return r != NONE ? r : add_rec(d, buf, len, hash, x->now / MINUTE_MS);
+}
+
+static unsigned tagged(const pl_diag *d, uint32_t tag)
+{
+    unsigned r = tag & 0xff;
+
+    return tag != 0 && r < d->nrecs && d->recs[r].gen == tag >> 8 ? r : NONE;
+}
+
+uint32_t pl_diag_tag(pl_diag *d, const pl_engine_spot *spot)
+{
+    unsigned r = find_rec(d, spot->buf, spot->len, spot->hash);
+
+    if (r == NONE && (r = add_rec(d, spot->buf, spot->len, spot->hash, 0)) == NONE)
+        return 0;
+    d->recs[r].used = 1;
+    return d->recs[r].gen << 8 | r;
+}
+
+int pl_diag_dispatched(pl_diag *d, const pl_diag_dispatch *x)
+{
     uint64_t minute = x->now / MINUTE_MS;
     unsigned slot = (unsigned)(minute % PL_DIAG_MINUTES);
     int hit = x->result == PL_DISPATCH_HIT;
     unsigned r;
 
     if (x->spot != NULL) {
-        enc = x->spot->buf;
-        len = x->spot->len;
-        hash = x->spot->hash;
-    } else { /* not looked up in the engine: a confirmed delivery's */
-        len = pl_key_encode(x->key, buf);
-        hash = pl_hash(buf, len, 0);
-        enc = buf;
+        r = find_rec(d, x->spot->buf, x->spot->len, x->spot->hash);
+        if (r == NONE)
+            r = add_rec(d, x->spot->buf, x->spot->len, x->spot->hash, minute);
+    } else if ((r = tagged(d, x->tag)) == NONE) {
+        r = rec_without_spot(d, x);
     }
-    window_count(&d->all, minute, slot, hit);
-    r = find_rec(d, enc, len, hash);
-    if (r == NONE && (r = add_rec(d, enc, len, hash)) == NONE)
-        return classify_only(d, x, enc, len);
-    d->recs[r].last = x->now;
+    if (r == NONE)
+        return classify_only(d, x);
+    d->recs[r].used = 1;
     window_count(&d->recs[r].w, minute, slot, hit);
     if (!hit)
-        return missed(d, r, x, enc, len);
+        return missed(d, r, x);
     keep_event(d, &d->hits[d->nhits++ % PL_DIAG_LAST], r, x);
     return -1;
 }
@@ -474,7 +553,18 @@ void pl_diag_token_refused(pl_diag *d, const pl_key *key, int token, int enforce
 
 void pl_diag_window_all(const pl_diag *d, uint64_t now, pl_diag_window *out)
 {
-    window_read(&d->all, now, out);
+    window_read(&d->gone, now, out);
+    for (unsigned i = 0; i < d->nrecs; i++) {
+        pl_diag_window w;
+
+        window_read(&d->recs[i].w, now, &w);
+        for (unsigned j = 0; j < PL_DIAG_MINUTES; j++) {
+            out->hits[j] += w.hits[j];
+            out->misses[j] += w.misses[j];
+        }
+        out->total_hits += w.total_hits;
+        out->total_misses += w.total_misses;
+    }
 }
 
 int pl_diag_key_window(const pl_diag *d, const unsigned char *enc, size_t len, uint32_t hash,
@@ -532,7 +622,6 @@ static void miss_read(const pl_diag *d, const miss_event *m, pl_diag_event *out)
     out->deployment_parked = m->deployment_parked;
     out->deployment_keys = m->deployment_keys;
     out->parked = m->parked;
-    out->deployments = m->deployments;
     if ((out->has_near = m->near.enc != NULL))
         pl_key_decode(m->near.enc, m->near.len, &out->near);
     if ((out->has_refusal = m->has_refusal)) {
@@ -685,8 +774,7 @@ const char *pl_diag_why(const pl_diag_event *ev, char *buf, size_t cap)
     case PL_NEAREST_DEPLOYMENT:
         say(&w, "nothing is parked for this deployment; ");
         say_parked(&w, ev->parked);
-        say(&w, " for %llu other deployment%s", (unsigned long long)ev->deployments,
-            plural(ev->deployments));
+        say(&w, " for others");
         break;
     case PL_NEAREST_NONE:
     case PL_NEAREST__COUNT:

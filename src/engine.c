@@ -59,33 +59,28 @@ static int held(const pl_waiter *w)
     return (w->stamp & STAMP_HELD) != 0;
 }
 
-typedef struct dep dep;
-
 struct pl_engine_entry {
     UT_hash_handle hh; /* by encoded key */
     pl_waiter *head;   /* utlist: head->qprev is the tail */
-    dep *dep;          /* its deployment's */
-    pl_entry *dprev, *dnext; /* among its deployment's keys */
+    pl_entry *dprev, *dnext; /* in its deployment's bucket (deps) */
     uint32_t count;
     uint32_t mark;     /* the caller's (pl_engine_spot) */
     uint32_t keylen;
+    uint32_t dhash;    /* its deployment's hash (see id_hash) */
     unsigned char keybytes[];
 };
 
-/* A deployment with waiters, and its keys: what a dispatch that found
- * nobody is told about (pl_engine_nearest). Made with its first key entry
- * and freed with its last, so that a waiter costs it nothing. */
-struct dep {
-    UT_hash_handle hh; /* by deployment */
-    pl_entry *entries; /* utlist (dprev, dnext) */
-    uint32_t len;
-    char name[];
-};
+/* The keys by deployment, for a dispatch that found nobody: what is parked
+ * nearest its key (pl_engine_nearest). A key entry joins its deployment's
+ * bucket as it is made and leaves it as it is freed: no allocation, and
+ * nothing per waiter. The deployment's hash is the one the id index
+ * computes at every park anyway. */
+#define DEP_BUCKETS 1024
 
 struct pl_engine {
     pl_engine_opts opts;
     pl_entry *entries;      /* uthash head, by key */
-    dep *deps;              /* uthash head, by deployment */
+    pl_entry *deps[DEP_BUCKETS]; /* utlist heads, by deployment (dhash) */
     /* uthash head, by controller id (see id_hash). Every parked waiter is
      * in it, in the order they parked: the head is the oldest, and as one
      * timeout serves all, the list is sorted by deadline too. */
@@ -112,7 +107,6 @@ void pl_engine_free(pl_engine *e)
         return;
     pl_engine_drain(e);
     HASH_CLEAR(hh, e->entries);
-    HASH_CLEAR(hh, e->deps);
     HASH_CLEAR(hh, e->by_id);
     pl_free(e);
 }
@@ -222,75 +216,25 @@ size_t pl_engine_waiting(const pl_engine *e, const pl_key *key)
     return ent ? ent->count : 0;
 }
 
-static dep *find_dep(const pl_engine *e, const char *name, size_t len)
-{
-    dep *d = NULL;
-
-    HASH_FIND(hh, e->deps, name, len, d);
-    return d;
-}
-
-static void free_dep(dep *d)
-{
-    pl_pool_free(d, sizeof(*d) + d->len);
-}
-
-/* The deployment <k> names, made (empty) if it has no key yet; NULL when
- * out of memory. */
-static dep *get_dep(pl_engine *e, const pl_key *k)
-{
-    dep *d = find_dep(e, k->deployment, k->deployment_len);
-
-    if (d != NULL)
-        return d;
-    if ((d = pl_pool_alloc(sizeof(*d) + k->deployment_len, NULL)) == NULL)
-        return NULL;
-    memset(d, 0, sizeof(*d));
-    d->len = (uint32_t)k->deployment_len;
-    memcpy(d->name, k->deployment, k->deployment_len);
-    oom_flag = 0;
-    HASH_ADD(hh, e->deps, name, d->len, d);
-    if (oom_flag) {
-        free_dep(d);
-        return NULL;
-    }
-    return d;
-}
-
-/* <d> once its last key has gone. */
-static void drop_dep_if_empty(pl_engine *e, dep *d)
-{
-    if (d->entries != NULL)
-        return;
-    HASH_DELETE(hh, e->deps, d);
-    free_dep(d);
-}
-
-/* Adds an empty entry for the encoded key <buf>; NULL when out of memory
- * (nothing changed). */
-static pl_entry *new_entry(pl_engine *e, const unsigned char *buf, size_t len)
+/* Adds an empty entry for the encoded key <buf>, whose deployment hashes
+ * to <dhash>; NULL when out of memory (nothing changed). */
+static pl_entry *new_entry(pl_engine *e, const unsigned char *buf, size_t len, uint32_t dhash)
 {
     pl_entry *ent = pl_pool_alloc(sizeof(*ent) + len, NULL);
-    pl_key k;
 
     if (ent == NULL)
         return NULL;
     memset(ent, 0, sizeof(*ent));
     ent->keylen = (uint32_t)len;
+    ent->dhash = dhash;
     memcpy(ent->keybytes, buf, len);
-    pl_key_decode(ent->keybytes, len, &k);
-    if ((ent->dep = get_dep(e, &k)) == NULL) {
-        pl_pool_free(ent, sizeof(*ent) + len);
-        return NULL;
-    }
     oom_flag = 0;
     HASH_ADD(hh, e->entries, keybytes, len, ent);
     if (oom_flag) {
-        drop_dep_if_empty(e, ent->dep);
         pl_pool_free(ent, sizeof(*ent) + len);
         return NULL;
     }
-    DL_APPEND2(ent->dep->entries, ent, dprev, dnext);
+    DL_APPEND2(e->deps[dhash % DEP_BUCKETS], ent, dprev, dnext);
     e->nkeys++;
     return ent;
 }
@@ -300,8 +244,7 @@ static void drop_entry_if_empty(pl_engine *e, pl_entry *ent)
     if (ent->count > 0)
         return;
     HASH_DELETE(hh, e->entries, ent);
-    DL_DELETE2(ent->dep->entries, ent, dprev, dnext);
-    drop_dep_if_empty(e, ent->dep);
+    DL_DELETE2(e->deps[ent->dhash % DEP_BUCKETS], ent, dprev, dnext);
     pl_pool_free(ent, sizeof(*ent) + ent->keylen);
     e->nkeys--;
 }
@@ -311,23 +254,38 @@ static int same_text(const char *a, size_t alen, const char *b, size_t blen)
     return alen == blen && memcmp(a, b, alen) == 0;
 }
 
+static uint32_t deployment_hash(const pl_key *key)
+{
+    return pl_hash(key->deployment, key->deployment_len, 0);
+}
+
+/* The next entry of <key>'s deployment (hashed <dh>) in its bucket from
+ * <ent> on, decoded into *k; NULL past the last. */
+static const pl_entry *next_of(const pl_entry *ent, const pl_key *key, uint32_t dh, pl_key *k)
+{
+    for (; ent != NULL; ent = ent->dnext) {
+        if (ent->dhash != dh)
+            continue;
+        pl_key_decode(ent->keybytes, ent->keylen, k);
+        if (same_text(k->deployment, k->deployment_len, key->deployment, key->deployment_len))
+            return ent;
+    }
+    return NULL;
+}
+
 void pl_engine_nearest(const pl_engine *e, const pl_key *key, size_t max, pl_engine_near *out)
 {
-    const dep *d = find_dep(e, key->deployment, key->deployment_len);
-    const pl_entry *best = NULL;
+    uint32_t dh = deployment_hash(key);
+    const pl_entry *head = e->deps[dh % DEP_BUCKETS], *best = NULL, *ent;
     int best_same = 0;
     size_t n = 0;
+    pl_key k;
 
     memset(out, 0, sizeof(*out));
-    out->deployments = HASH_COUNT(e->deps);
-    if (d == NULL)
-        return;
-    for (const pl_entry *ent = d->entries; ent != NULL && n < max; ent = ent->dnext, n++) {
-        pl_key k;
-        int same;
+    for (ent = next_of(head, key, dh, &k); ent != NULL && n < max;
+         ent = next_of(ent->dnext, key, dh, &k), n++) {
+        int same = same_text(k.version, k.version_len, key->version, key->version_len);
 
-        pl_key_decode(ent->keybytes, ent->keylen, &k);
-        same = same_text(k.version, k.version_len, key->version, key->version_len);
         out->deployment_keys++;
         out->deployment_parked += ent->count;
         if (same)
@@ -347,14 +305,11 @@ void pl_engine_nearest(const pl_engine *e, const pl_key *key, size_t max, pl_eng
     out->found = 1;
     entry_info(best, &out->nearest);
     n = 0;
-    for (const pl_entry *ent = d->entries; ent != NULL && n < max; ent = ent->dnext, n++) {
-        pl_key k;
-
-        pl_key_decode(ent->keybytes, ent->keylen, &k);
+    for (ent = next_of(head, key, dh, &k); ent != NULL && n < max;
+         ent = next_of(ent->dnext, key, dh, &k), n++)
         if (same_text(k.version, k.version_len, out->nearest.key.version,
                       out->nearest.key.version_len))
             out->nearest_version_parked += ent->count;
-    }
 }
 
 /* Links <w>, already in the id index (so at the tail of the time list), at
@@ -459,9 +414,9 @@ static const char *over_cap(const pl_engine *e, const pl_entry *ent,
  * waiters by id alone (the id is all a waiter stores) but hashes the id with
  * the deployment: each tenant's waiters of one id land apart, and finding
  * one compares the deployment through its key entry. */
-static unsigned id_hash(const char *id, size_t id_len, const pl_key *key)
+static unsigned id_hash(const char *id, size_t id_len, uint32_t dhash)
 {
-    return pl_hash(id, id_len, pl_hash(key->deployment, key->deployment_len, 0));
+    return pl_hash(id, id_len, dhash);
 }
 
 /* The waiter of controller <id> parked for <key>'s deployment, or NULL. */
@@ -494,10 +449,10 @@ static pl_waiter *find_own(const pl_engine *e, const char *id, size_t id_len,
 /* Makes every allocation a park needs: the key entry (unless <ent> exists
  * already) and the id index slot. Returns 0, or PL_ENOMEM with nothing
  * changed. */
-static int index_waiter(pl_engine *e, pl_waiter *w, pl_entry *ent,
-                        const unsigned char *key, size_t keylen, size_t id_len, unsigned hv)
+static int index_waiter(pl_engine *e, pl_waiter *w, pl_entry *ent, const unsigned char *key,
+                        size_t keylen, size_t id_len, unsigned hv, uint32_t dhash)
 {
-    w->entry = ent ? ent : new_entry(e, key, keylen);
+    w->entry = ent ? ent : new_entry(e, key, keylen, dhash);
     if (w->entry == NULL)
         return PL_ENOMEM;
     /* An older waiter of the same id may still be in the index: uthash
@@ -532,6 +487,7 @@ int pl_engine_park(pl_engine *e, const pl_engine_spot *spot, const char *id, siz
                    void *owner, uint64_t now, pl_waiter **out)
 {
     const pl_key *key = spot->key;
+    uint32_t dh;
     unsigned hv;
     pl_entry *ent = spot->entry;
     pl_waiter *w, *old;
@@ -540,7 +496,8 @@ int pl_engine_park(pl_engine *e, const pl_engine_spot *spot, const char *id, siz
     *out = NULL;
     if (spot->len == 0)
         return PL_EINVAL;
-    hv = id_hash(id, id_len, key);
+    dh = deployment_hash(key);
+    hv = id_hash(id, id_len, dh);
     /* A poll replaces only its own controller's older poll: the same id
      * for the same deployment (a token-verified one when tokens are on).
      * Another tenant reusing the id parks beside it and ends nothing. */
@@ -550,7 +507,7 @@ int pl_engine_park(pl_engine *e, const pl_engine_spot *spot, const char *id, siz
 
     old = find_own(e, id, id_len, key, hv);
     why = over_cap(e, ent, old);
-    if (why == NULL && index_waiter(e, w, ent, spot->buf, spot->len, id_len, hv) != 0) {
+    if (why == NULL && index_waiter(e, w, ent, spot->buf, spot->len, id_len, hv, dh) != 0) {
         waiter_put(w);
         return PL_ENOMEM;
     }
@@ -803,7 +760,8 @@ int pl_engine_adopt(pl_engine *e, const pl_key *key, const char *id, size_t id_l
 {
     unsigned char buf[PL_KEY_ENCODED_MAX];
     size_t len = pl_key_encode(key, buf);
-    unsigned hv = id_hash(id, id_len, key);
+    uint32_t dh = deployment_hash(key);
+    unsigned hv = id_hash(id, id_len, dh);
     pl_waiter *w;
 
     *out = NULL;
@@ -820,7 +778,7 @@ int pl_engine_adopt(pl_engine *e, const pl_key *key, const char *id, size_t id_l
     w = new_waiter(id, id_len, owner, at);
     if (w == NULL)
         return PL_ENOMEM;
-    if (index_waiter(e, w, lookup(e, buf, len), buf, len, id_len, hv) != 0) {
+    if (index_waiter(e, w, lookup(e, buf, len), buf, len, id_len, hv, dh) != 0) {
         waiter_put(w);
         return PL_ENOMEM;
     }

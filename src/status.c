@@ -76,6 +76,11 @@ void pl_status_dispatched(pl_status *st, const pl_diag_dispatch *x)
         st->m->miss_nearest[nearest]++;
 }
 
+uint32_t pl_status_tag(pl_status *st, const pl_engine_spot *spot)
+{
+    return pl_diag_tag(st->diag, spot);
+}
+
 void pl_status_token_refused(pl_status *st, const pl_key *key, int token, int enforced,
                              uint64_t now)
 {

@@ -145,9 +145,11 @@ static void page_summary(html *h, const pl_status_view *s)
     else
         put_str(h, "–");
     put_str(h, "</dd></div></dl><p class=\"totals\">since start: ");
-    for (int i = 0; i < PL_DISPATCH__COUNT; i++)
-        putf(h, "%s<span data-r=\"%s\">%s %llu</span>", i ? " · " : "", pl__status_result_name((pl_dispatch_result)i),
-             pl__status_result_name((pl_dispatch_result)i), (unsigned long long)m->dispatch[i]);
+    for (int i = 0; i < PL_DISPATCH__COUNT; i++) {
+        const char *r = pl__status_result_name((pl_dispatch_result)i);
+        putf(h, "%s<span data-r=\"%s\">%s %llu</span>", i ? " · " : "", r, r,
+             (unsigned long long)m->dispatch[i]);
+    }
     put_str(h, "; misses by nearest: ");
     for (int i = 0; i < PL_NEAREST__COUNT; i++)
         putf(h, "%s<span data-n=\"%s\">%s %llu</span>", i ? " · " : "",
@@ -184,8 +186,8 @@ static void page_pool(html *h, const pl_status_view *s)
                    "lately</td></tr>");
     put_str(h, "</tbody></table>");
     if (s->truncated)
-        putf(h, "<p class=\"more\">the %d keys with the most parked of %zu</p>", PL_STATUS_PAGE_KEYS,
-             s->keys);
+        putf(h, "<p class=\"more\">the %d keys with the most parked of %zu</p>",
+             PL_STATUS_PAGE_KEYS, s->keys);
 }
 
 typedef struct {

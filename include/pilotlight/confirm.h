@@ -95,12 +95,12 @@ typedef struct {
 
 /* What the broker does for the confirmations: answer a dispatcher (NULL
  * when it went away: count only) with <result> for the run <m> (its key
- * and run id; valid during the call); <waited_ms> is how long the
- * controller that took the run had been parked, <start_ns> when the
- * dispatch arrived (uv_hrtime). */
+ * and payload; valid during the call) and the <note> pl_confirm_start()
+ * was given; <waited_ms> is how long the controller that took the run had
+ * been parked, <start_ns> when the dispatch arrived (uv_hrtime). */
 typedef void (*pl_confirm_answer_fn)(void *arg, pl_conn *dispatcher, const pl_message *m,
-                                     pl_dispatch_result result, uint64_t waited_ms,
-                                     uint64_t start_ns);
+                                     uint32_t note, pl_dispatch_result result,
+                                     uint64_t waited_ms, uint64_t start_ns);
 
 /* Returns the confirmations of <engine>'s deliveries (the engine's waiters
  * are owned by their connections), counting into <counters>, or NULL when
@@ -130,10 +130,11 @@ int pl_confirm_vet(pl_confirm *cf, pl_conn *c);
 /* The delivery of <m> that pl_engine_deliver() just left pending (<d>) for
  * <dispatcher>, whose request it is: the dispatcher is answered when it is
  * decided. Takes over the request's bytes (pl_conn_take_request) or copies
- * the payload, and copies the key. <start_ns>: when the dispatch arrived.
- * Out of memory, the delivery is taken as written (true). */
+ * the payload, and copies the key. <start_ns>: when the dispatch arrived;
+ * <note>: the caller's word, handed back with the answer. Out of memory,
+ * the delivery is taken as written (true). */
 void pl_confirm_start(pl_confirm *cf, pl_conn *dispatcher, const pl_message *m,
-                      const pl_delivery *d, uint64_t start_ns);
+                      const pl_delivery *d, uint64_t start_ns, uint32_t note);
 
 /* Deliveries awaiting their decision now. */
 size_t pl_confirm_pending(const pl_confirm *cf);

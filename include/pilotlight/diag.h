@@ -39,9 +39,9 @@ void pl_diag_free(pl_diag *d);
 /* A dispatch answered, as the broker tells it. */
 typedef struct {
     const pl_key *key;
-    /* Where pl_engine_find() found it (its encoding and hash are used), or
-     * NULL: they are computed here. */
+    /* Where pl_engine_find() found it, or NULL: then its tag, or 0. */
     const pl_engine_spot *spot;
+    uint32_t tag;
     /* The dequeuedMessage's bytes (valid JSON), read for its run's id when
      * the answer is false; NULL: none kept. */
     const char *payload;
@@ -57,6 +57,12 @@ typedef struct {
  * else -1. Should memory run out, the dispatch is classified but not
  * kept. */
 int pl_diag_dispatched(pl_diag *d, const pl_diag_dispatch *x);
+
+/* A tag for the key at <spot>, whose dispatch will be answered later (a
+ * delivery to be confirmed), to give with the answer (pl_diag_dispatch's
+ * tag): the key is looked up now, with the spot, and not again. Returns 0
+ * when memory is out. */
+uint32_t pl_diag_tag(pl_diag *d, const pl_engine_spot *spot);
 
 /* A poll for <key> was refused its deployment token (<enforced>: 401), or
  * found it invalid (token_mode = log: parked all the same), at <now>.
@@ -119,7 +125,6 @@ typedef struct {
     uint64_t deployment_parked;    /* polls for the deployment */
     uint64_t deployment_keys;      /* keys of the deployment */
     uint64_t parked;               /* polls parked in all */
-    uint64_t deployments;          /* deployments parked */
     int has_refusal;
     pl_diag_refusal refusal;       /* the refusal that explains it (TOKEN) */
 } pl_diag_event;

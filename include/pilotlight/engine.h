@@ -262,7 +262,6 @@ size_t pl_engine_each_key(const pl_engine *e, size_t max,
 /* What is parked nearest to a key, for a dispatch that found nobody:
  * pl_engine_nearest() fills it. */
 typedef struct {
-    size_t deployments;       /* deployments with a waiter, all told */
     size_t deployment_keys;   /* keys with a waiter for the key's deployment */
     size_t deployment_parked; /* waiters for the key's deployment, any version
                                * or machine */
@@ -280,10 +279,10 @@ typedef struct {
 } pl_engine_near;
 
 /* Fills <out> for <key>, looking at no more than <max> keys of its
- * deployment (its versions and machines). Costs a lookup of the
- * deployment and a walk of its keys: the engine keeps the keys of each
- * deployment together, an index changed only when a key gains its first
- * waiter or loses its last. */
+ * deployment (its versions and machines). Costs a hash of the deployment
+ * and a walk of its keys: the engine keeps the keys of each deployment
+ * together, in an index changed only when a key gains its first waiter or
+ * loses its last, at no allocation and no hash of its own. */
 void pl_engine_nearest(const pl_engine *e, const pl_key *key, size_t max, pl_engine_near *out);
 
 /* Number of waiters parked under <key>. */

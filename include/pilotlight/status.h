@@ -35,6 +35,10 @@ void pl_status_set_peers(pl_status *st, const pl_peers *p);
  * what was parked nearest its key (pilotlight_dispatch_miss_total). */
 void pl_status_dispatched(pl_status *st, const pl_diag_dispatch *x);
 
+/* The key at <spot> of a dispatch to be answered later (its delivery
+ * confirmed): a tag to give with the answer (pl_diag_tag). */
+uint32_t pl_status_tag(pl_status *st, const pl_engine_spot *spot);
+
 /* A poll for <key> came with a deployment token that did not verify
  * (<token>, a pl_token_result), refused 401 when <enforced>. */
 void pl_status_token_refused(pl_status *st, const pl_key *key, int token, int enforced,

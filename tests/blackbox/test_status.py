@@ -232,8 +232,8 @@ def test_nothing_for_the_deployment(start_server):
     park(s, "dep_third", cpu=2)
     assert dispatch_on(s.port, "dep_asked", run_id="run_dep") is False
     newest_miss(s.port, "deployment",
-                ["nothing is parked for this deployment; 2 controllers are parked for 2 other "
-                 "deployments"], "run_dep")
+                ["nothing is parked for this deployment; 2 controllers are parked for "
+                 "others"], "run_dep")
 
 
 def test_another_version(start_server):

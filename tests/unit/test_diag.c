@@ -184,8 +184,8 @@ static void test_nearest_in_order(void)
     CHECK_EQ(park(e, &b, "b0", &o[0], 2), 0);
     CHECK_EQ(record_found(d, e, &a_big, PL_DISPATCH_MISS, 3, NULL), PL_NEAREST_DEPLOYMENT);
     newest(d, why, sizeof(why));
-    CHECK_STR(why, "nothing is parked for this deployment; 1 controller is parked for 1 "
-                   "other deployment");
+    CHECK_STR(why, "nothing is parked for this deployment; 1 controller is parked for "
+                   "others");
     CHECK_EQ(park(e, &a_v2, "a0", &o[1], 4), 0);
     CHECK_EQ(park(e, &a_v2, "a1", &o[2], 5), 0);
     CHECK_EQ(record_found(d, e, &a_big, PL_DISPATCH_MISS, 6, NULL), PL_NEAREST_VERSION);
@@ -313,6 +313,75 @@ static void test_run_ids(void)
     pl_engine_free(e);
 }
 
+/* A key found by the engine (its encoding) and a confirmed delivery's (its
+ * fields) are one key; numbers as numbers. */
+static void test_one_key_either_way(void)
+{
+    pl_engine *e = engine(PL_ORDER_FIFO, 0, 0, 0);
+    pl_diag *d = pl_diag_new(e);
+    pl_key same = key("dep-a", "v1", 1, 1024), zero = key("dep-z", "v1", 0, 1);
+    pl_key minus = key("dep-z", "v1", -0.0, 1);
+    pl_diag_window w;
+    int kept;
+
+    CHECK_EQ(record_found(d, e, &KA, PL_DISPATCH_HIT, 1, NULL), -1);
+    CHECK_EQ(record(d, &same, PL_DISPATCH_HIT, 2), -1);
+    CHECK_EQ(record(d, &zero, PL_DISPATCH_HIT, 3), -1);
+    CHECK_EQ(record_found(d, e, &minus, PL_DISPATCH_HIT, 4, NULL), -1);
+    counted = 0;
+    CHECK_EQ(pl_diag_each_key(d, 5, count_key, NULL), 2);
+    w = key_window(d, &KA, 5, &kept);
+    CHECK(kept && w.total_hits == 2);
+    w = key_window(d, &zero, 5, &kept);
+    CHECK(kept && w.total_hits == 2);
+    pl_diag_free(d);
+    pl_engine_free(e);
+}
+
+/* A confirmed delivery's answer names its key by the tag taken when it
+ * was written; one whose key was let go meanwhile, by the key itself. */
+static void test_tags(void)
+{
+    pl_engine *e = engine(PL_ORDER_FIFO, 0, 0, 0);
+    pl_diag *d = pl_diag_new(e);
+    char deps[PL_DIAG_KEYS + 1][16];
+    pl_engine_spot spot;
+    pl_diag_dispatch x;
+    pl_diag_window w;
+    uint32_t tag;
+    int kept;
+
+    pl_engine_find(e, &KA, &spot);
+    tag = pl_diag_tag(d, &spot);
+    CHECK(tag != 0);
+    x = disp(&KB, PL_DISPATCH_HIT, 2, NULL); /* the tag wins over the key */
+    x.tag = tag;
+    CHECK_EQ(pl_diag_dispatched(d, &x), -1);
+    w = key_window(d, &KA, 3, &kept);
+    CHECK(kept && w.total_hits == 1);
+    key_window(d, &KB, 3, &kept);
+    CHECK(!kept);
+    /* let KA go: every slot taken by newer keys */
+    for (int i = 0; i < PL_DIAG_KEYS; i++) {
+        pl_key k;
+        snprintf(deps[i], sizeof(deps[i]), "dep-x%d", i);
+        k = key(deps[i], "v1", 1, 1);
+        record(d, &k, PL_DISPATCH_HIT, 10 + (uint64_t)i);
+    }
+    key_window(d, &KA, 100, &kept);
+    CHECK(!kept);
+    x = disp(&KC, PL_DISPATCH_HIT, 100, NULL);
+    x.tag = tag; /* stale: its slot holds another key now */
+    CHECK_EQ(pl_diag_dispatched(d, &x), -1);
+    w = key_window(d, &KC, 101, &kept);
+    CHECK(kept && w.total_hits == 1);
+    /* every hit is still counted in all, the keys let go too */
+    pl_diag_window_all(d, 101, &w);
+    CHECK_EQ(w.total_hits, 2 + PL_DIAG_KEYS);
+    pl_diag_free(d);
+    pl_engine_free(e);
+}
+
 /* Every allocation failing: dispatches are still classified, nothing is
  * kept, nothing leaks (the pools count). */
 static void test_out_of_memory(void)
@@ -341,6 +410,8 @@ int main(void)
     RUN(test_nearest_in_order);
     RUN(test_token_refusals);
     RUN(test_run_ids);
+    RUN(test_one_key_either_way);
+    RUN(test_tags);
     RUN(test_out_of_memory);
     return unit_finish();
 }

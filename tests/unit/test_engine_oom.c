@@ -6,7 +6,7 @@
 
 typedef struct {
     pl_ledger ledger;
-    size_t keys, deployments;
+    size_t keys, on_deployment;
     size_t waiting[4];
     unsigned long callbacks;
 } snapshot;
@@ -21,7 +21,7 @@ static snapshot snap(const pl_engine *e, const pl_key *probe[4])
     {
         pl_engine_near n;
         pl_engine_nearest(e, &KA, 64, &n);
-        s.deployments = n.deployments;
+        s.on_deployment = n.deployment_parked;
     }
     for (int i = 0; i < 4; i++)
         s.waiting[i] = probe[i] ? pl_engine_waiting(e, probe[i]) : 0;
@@ -32,7 +32,7 @@ static snapshot snap(const pl_engine *e, const pl_key *probe[4])
 static int snap_equal(const snapshot *a, const snapshot *b)
 {
     return memcmp(&a->ledger, &b->ledger, sizeof(a->ledger)) == 0 &&
-           a->keys == b->keys && a->deployments == b->deployments &&
+           a->keys == b->keys && a->on_deployment == b->on_deployment &&
            a->callbacks == b->callbacks &&
            memcmp(a->waiting, b->waiting, sizeof(a->waiting)) == 0;
 }
