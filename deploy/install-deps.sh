@@ -8,8 +8,9 @@ build_pkgs="build-essential meson ninja-build pkg-config libuv1-dev libcjson-dev
 # the suites: pytest; clang for the fuzzers; valgrind; iproute2 for the
 # network-namespace tests (nftables for their virtual IP); haproxy, yamllint,
 # systemd-analyze and docker-compose for deploy/; prometheus (and its
-# promtool) for the metrics, alert rules and dashboard
-test_pkgs="python3 python3-pytest python3-yaml clang libclang-rt-dev valgrind iproute2 nftables haproxy yamllint systemd docker-compose prometheus"
+# promtool) for the metrics, alert rules and dashboard; chromium for the
+# status page in a real browser (driven by playwright-core, from npm)
+test_pkgs="python3 python3-pytest python3-yaml clang libclang-rt-dev valgrind iproute2 nftables haproxy yamllint systemd docker-compose prometheus chromium"
 test_pkgs="$test_pkgs libjansson-dev" # the dispatch fuzzer's strict JSON oracle
 [ "${1:-}" = "--test" ] && pkgs="$build_pkgs $test_pkgs" || pkgs="$build_pkgs"
 
