@@ -405,9 +405,9 @@ static pl_nearest classify(pl_diag *d, const pl_diag_dispatch *x, miss_event *m)
     m->deployment_keys = n.deployment_keys;
     m->parked = pl_engine_ledger(d->engine)->parked_now;
     if (n.found) {
-        unsigned char buf[PL_KEY_ENCODED_MAX];
-        size_t nlen = pl_key_encode(&n.nearest.key, buf);
-        keep(&m->near, buf, nlen); /* without it, fewer words */
+        unsigned char nbuf[PL_KEY_ENCODED_MAX];
+        size_t nlen = pl_key_encode(&n.nearest.key, nbuf);
+        keep(&m->near, nbuf, nlen); /* without it, fewer words */
     }
     if (x->offered || n.key_parked > 0)
         kind = PL_NEAREST_KEY;

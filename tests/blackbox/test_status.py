@@ -434,6 +434,39 @@ def test_a_cut_run_id_and_the_last_misses_kept(start_server):
     assert j["window"]["misses"] == 21
 
 
+def test_ring_members_and_their_state(start_server):
+    """A key ring of two on one host: the other member down (nothing
+    listens there yet), then up."""
+    from test_ring import RING_FLAGS, free_port_on
+    pa, pb = free_port_on(["127.0.0.1"]), None
+    while pb is None or pb == pa:
+        pb = free_port_on(["127.0.0.1"])
+    names = [f"127.0.0.1:{pa}", f"127.0.0.1:{pb}"]
+
+    def args(i):
+        return ["--listen", names[i], "--ring-peers", ",".join(names), "--ring-self", names[i],
+                *RING_FLAGS]
+    a = start_server(*args(0))
+    assert a.port == pa
+    j = status(pa)
+    assert j["ring"]["members"] == 1
+    assert {(p["name"], p["state"]) for p in j["ring"]["peers"]} == \
+        {(names[0], "self"), (names[1], "down")}
+    b = start_server(*args(1))
+    a.wait_metrics(lambda m: m.get("pilotlight_ring_members") == 2, what="the ring of two")
+    j = status(pa)
+    assert {(p["name"], p["state"], p["failed_checks"]) for p in j["ring"]["peers"]} == \
+        {(names[0], "self", 0), (names[1], "up", 0)}
+    p, text = fetch_page(pa)
+    assert "2 members in this instance's view" in text
+    assert {(r["name"], r["state"]) for r in p.rows("ring")} == \
+        {(names[0], "self"), (names[1], "up")}
+    b.stop()
+    a.wait_metrics(lambda m: m.get("pilotlight_ring_members") == 1, what="the ring of one")
+    assert {(r["name"], r["state"]) for r in fetch_page(pa)[0].rows("ring")} == \
+        {(names[0], "self"), (names[1], "down")}
+
+
 # --------------------------------------------------------------------------
 # Who may see it
 # --------------------------------------------------------------------------
