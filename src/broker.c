@@ -157,12 +157,28 @@ static int make_verifier(const pl_config *cfg, pl_token_verifier **out)
     return *out != NULL ? 0 : -ENOMEM;
 }
 
+/* What a poll and a parked poll are told while warm_starts = off. */
+#define OFF_REASON "warm starts are off (warm_starts = off)"
+
+/* /connect's body. With warm_starts = off, 0 for both: a controller that
+ * reads 0 there exits instead of polling (Trigger.dev's run controller,
+ * after each run). */
 static void set_connect_body(pl_broker *b, const pl_config *cfg)
 {
+    int off = cfg->warm_starts == PL_WARM_STARTS_OFF;
+
     b->connect_len = (size_t)snprintf(b->connect_body, sizeof(b->connect_body),
                                       "{\"connectionTimeoutMs\":%llu,\"keepaliveMs\":%llu}",
-                                      (unsigned long long)cfg->connection_timeout_ms,
-                                      (unsigned long long)cfg->keepalive_ms);
+                                      off ? 0ULL : (unsigned long long)cfg->connection_timeout_ms,
+                                      off ? 0ULL : (unsigned long long)cfg->keepalive_ms);
+}
+
+/* pl_engine_settle_if's judge for warm_starts = off: every poll goes. */
+static int judge_off(const pl_waiter_info *info, unsigned *tag, const void **why, void *arg)
+{
+    (void)info, (void)tag, (void)arg;
+    *why = OFF_REASON;
+    return 1;
 }
 
 static pl_confirm_opts confirm_opts(const pl_config *cfg)
@@ -212,8 +228,13 @@ static void apply_to_parked(pl_broker *b, const pl_config *next)
 
     if (pl_poll_rejudge_init(&r, old, next))
         revoked = pl_engine_settle_if(b->engine, PL_OUTCOME_REVOKED, pl_poll_rejudge_one, &r);
-    if (next->max_waiters < old->max_waiters ||
-        next->max_waiters_per_key < old->max_waiters_per_key)
+    /* Warm starts turned off: a non-2xx answer ends a controller's wait
+     * for its next run at once (WarmStartClient returns no run, and the
+     * run controller exits), where a closed poll would be retried. */
+    if (next->warm_starts == PL_WARM_STARTS_OFF && old->warm_starts != PL_WARM_STARTS_OFF)
+        rejected = pl_engine_settle_if(b->engine, PL_OUTCOME_REJECTED, judge_off, NULL);
+    else if (next->max_waiters < old->max_waiters ||
+             next->max_waiters_per_key < old->max_waiters_per_key)
         rejected = pl_engine_enforce_caps(b->engine);
     if (revoked + rejected > 0)
         PL_LOG(PL_LOG_WARN, "reload: parked polls refused under the new settings",
@@ -306,6 +327,10 @@ void pl_broker_park(pl_broker *b, pl_conn *c, const pl_request *req, const pl_ho
     pl_key key;
     int rc, token;
 
+    if (b->cfg->warm_starts == PL_WARM_STARTS_OFF) {
+        pl_conn_respond_error(c, 503, OFF_REASON);
+        return;
+    }
     rc = pl_poll_key(req, b->verifier, b->cfg->token_mode == PL_TOKEN_MODE_ENFORCE,
                      wall_seconds(), &key, &claims, &token, &err, msg, sizeof(msg));
     if (token != PL_TOKEN_UNCHECKED)
@@ -401,6 +426,10 @@ void pl_broker_dispatch(pl_broker *b, pl_conn *c, const pl_request *req, const p
     pl_message m;
     int rc;
 
+    if (b->cfg->warm_starts == PL_WARM_STARTS_OFF) {
+        answer_dispatch(b, c, PL_DISPATCH_OFF, 0, start);
+        return;
+    }
     if (b->cfg->delivery == PL_DELIVERY_CONFIRM)
         pl_confirm_note_dispatch(b->confirm, start);
     rc = pl_message_parse(req->body, req->body_len, &m, &err);

@@ -39,7 +39,7 @@ static const char *const route_names[PL_ROUTE__COUNT] = {
     "other", "connect", "park", "dispatch", "healthz", "readyz", "metrics", "debug",
 };
 static const char *const result_names[PL_DISPATCH__COUNT] = {
-    "hit", "miss", "invalid", "abandoned", "unconfirmed",
+    "hit", "miss", "invalid", "abandoned", "unconfirmed", "off",
 };
 static const char *const token_names[4] = {"valid", "invalid", "legacy", "absent"};
 
@@ -244,6 +244,9 @@ size_t pl_metrics_render(const pl_metrics *m, const pl_ledger *l, size_t keys,
              "pilotlight_token_secret_valid_total{secret=\"current\"} %llu\n"
              "pilotlight_token_secret_valid_total{secret=\"previous\"} %llu\n",
          (unsigned long long)m->token_secret[0], (unsigned long long)m->token_secret[1]);
+    emit(&o, "# HELP pilotlight_forbidden_total Requests refused 403 because dispatch_allow "
+             "leaves their address out.\n# TYPE pilotlight_forbidden_total counter\n"
+             "pilotlight_forbidden_total %llu\n", (unsigned long long)m->forbidden);
     emit(&o, "# HELP pilotlight_config_reloads_total Configuration reloads (SIGHUP), by result.\n"
              "# TYPE pilotlight_config_reloads_total counter\n"
              "pilotlight_config_reloads_total{result=\"ok\"} %llu\n"

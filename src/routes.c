@@ -51,23 +51,31 @@ static void handle_debug_waiters(pl_broker *b, pl_conn *c, const pl_request *req
 
 typedef void (*handler)(pl_broker *b, pl_conn *c, const pl_request *req, const pl_hop *hop);
 
+/* What a route asks of a request beyond its path and method. */
+enum {
+    BEARER = 1, /* dispatch_token, when one is set */
+    ALLOW = 2,  /* an address dispatch_allow names, when it is set */
+};
+
 static const struct route {
     const char *path;
     int method;      /* HTTP_GET also takes HEAD */
     pl_route tag;
     unsigned serves; /* PL_SERVE_* */
-    int bearer;      /* needs dispatch_token when one is set */
+    unsigned asks;   /* BEARER, ALLOW */
     handler fn;
 } routes[] = {
     {"/warm-start", HTTP_GET, PL_ROUTE_PARK, PL_SERVE_CONTROLLERS, 0, pl_broker_park},
-    {"/warm-start", HTTP_POST, PL_ROUTE_DISPATCH, PL_SERVE_DISPATCH, 1, pl_broker_dispatch},
+    {"/warm-start", HTTP_POST, PL_ROUTE_DISPATCH, PL_SERVE_DISPATCH, BEARER | ALLOW,
+     pl_broker_dispatch},
     {"/connect", HTTP_GET, PL_ROUTE_CONNECT, PL_SERVE_CONTROLLERS, 0, handle_connect},
     {"/healthz", HTTP_GET, PL_ROUTE_HEALTHZ, PL_SERVE_CONTROLLERS | PL_SERVE_DISPATCH, 0,
      handle_healthz},
     {"/readyz", HTTP_GET, PL_ROUTE_READYZ, PL_SERVE_CONTROLLERS | PL_SERVE_DISPATCH, 0,
      handle_readyz},
-    {"/metrics", HTTP_GET, PL_ROUTE_METRICS, PL_SERVE_DISPATCH, 0, handle_metrics},
-    {"/debug/waiters", HTTP_GET, PL_ROUTE_DEBUG, PL_SERVE_DISPATCH, 1, handle_debug_waiters},
+    {"/metrics", HTTP_GET, PL_ROUTE_METRICS, PL_SERVE_DISPATCH, ALLOW, handle_metrics},
+    {"/debug/waiters", HTTP_GET, PL_ROUTE_DEBUG, PL_SERVE_DISPATCH, BEARER | ALLOW,
+     handle_debug_waiters},
 };
 
 #define NROUTES (sizeof(routes) / sizeof(routes[0]))
@@ -101,6 +109,18 @@ static int redirect_signed(const pl_config *cfg, const pl_request *req, const pl
                                  (uint64_t)time(NULL));
 }
 
+/* Whether <c>'s peer is one dispatch_allow names (anyone, when it is
+ * empty). A system call, on the routes that ask it only. */
+static int address_allowed(const pl_config *cfg, const pl_conn *c)
+{
+    struct sockaddr_storage ss;
+
+    if (cfg->dispatch_allow_nets.n == 0)
+        return 1;
+    return pl_conn_peer_address(c, &ss) == 0 &&
+           pl_cidr_match(&cfg->dispatch_allow_nets, (struct sockaddr *)&ss);
+}
+
 static void reply_405(pl_conn *c, const pl_request *req)
 {
     int post = 0;
@@ -132,14 +152,18 @@ void pl_routes_on_request(void *app, pl_conn *c, const pl_request *req)
         if (r->method != method || (req->method == HTTP_HEAD && r->fn == pl_broker_park))
             continue;
         pl_conn_set_tag(c, r->tag);
-        if (!(r->serves & v->serves))
+        if (!(r->serves & v->serves)) {
             pl_conn_respond_error(c, 403, "not served on this listener");
-        else if (r->bearer && cfg->dispatch_token[0] != '\0' && !bearer_ok(cfg, req) &&
-                 !redirect_signed(cfg, req, &hop, r->path))
+        } else if ((r->asks & ALLOW) && !address_allowed(cfg, c)) {
+            pl_broker_metrics(v->broker)->forbidden++;
+            pl_conn_respond_error(c, 403, "not allowed from this address (dispatch_allow)");
+        } else if ((r->asks & BEARER) && cfg->dispatch_token[0] != '\0' && !bearer_ok(cfg, req) &&
+                   !redirect_signed(cfg, req, &hop, r->path)) {
             pl_conn_respond(c, 401, "application/json", "WWW-Authenticate: Bearer\r\n",
                             "{\"error\":\"missing or wrong bearer token\"}", 41);
-        else
+        } else {
             r->fn(v->broker, c, req, &hop);
+        }
         return;
     }
     if (known)

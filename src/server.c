@@ -231,10 +231,27 @@ static int listen_all(server *s, pl_http *h, const pl_listen_addr *addr, const c
     return rc;
 }
 
-static pl_http_limits http_limits(const pl_config *cfg)
+/* The signals main() blocked from its first instruction: delivered now,
+ * to the handlers just set up, should one have come meanwhile. */
+static void unhold_signals(void)
+{
+    sigset_t set;
+
+    sigemptyset(&set);
+    sigaddset(&set, SIGHUP);
+    sigaddset(&set, SIGUSR2);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    sigprocmask(SIG_UNBLOCK, &set, NULL);
+}
+
+/* The limits of a listener serving <serves>: the dispatch listener of a
+ * split has a share of the descriptors of its own (pl_config_fit_nofile). */
+static pl_http_limits http_limits(const pl_config *cfg, unsigned serves)
 {
     pl_http_limits limits = {
-        .max_connections = cfg->max_connections,
+        .max_connections = serves == PL_SERVE_DISPATCH ? cfg->dispatch_max_connections
+                                                       : cfg->max_connections,
         .max_header_bytes = cfg->max_header_bytes,
         .max_url_bytes = cfg->max_url_bytes,
         .max_body_bytes = cfg->max_body_bytes,
@@ -297,8 +314,9 @@ static void reload(server *s)
         pl_free(next);
         return;
     }
+    pl_config_log_notes(next);
     if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
-        pl_config_fit_nofile(next, rl.rlim_cur);
+        pl_config_fit_nofile(next, rl.rlim_cur, NULL);
     keep_fixed(s->cfg, next);
     if (pl_broker_reconfigure(s->broker, next) != 0) {
         PL_LOG(PL_LOG_ERROR, "reload failed: configuration unchanged",
@@ -309,8 +327,9 @@ static void reload(server *s)
     pl_config_diff(s->cfg, next, log_changed, NULL);
     memcpy(s->cfg, next, sizeof(*next));
     pl_free(next);
-    pl_http_limits limits = http_limits(s->cfg);
+    pl_http_limits limits = http_limits(s->cfg, s->serves[0]);
     pl_http_set_limits(s->http, &limits);
+    limits = http_limits(s->cfg, PL_SERVE_DISPATCH);
     if (s->dispatch_http)
         pl_http_set_limits(s->dispatch_http, &limits);
     pl_log_threshold = (pl_log_level)s->cfg->log_level;
@@ -382,7 +401,7 @@ static void on_sigusr2(uv_signal_t *sig, int signum)
  * Returns it, or NULL. */
 static pl_http *new_http(server *s, unsigned serves)
 {
-    pl_http_limits limits = http_limits(s->cfg);
+    pl_http_limits limits = http_limits(s->cfg, serves);
     pl_http_callbacks cb = {
         .on_request = pl_routes_on_request,
         .on_response = pl_routes_on_response,
@@ -500,6 +519,7 @@ static int start(server *s)
     uv_signal_start(&s->sigint, on_signal, SIGINT);
     uv_signal_start(&s->sighup, on_sighup, SIGHUP);
     uv_signal_start(&s->sigusr2, on_sigusr2, SIGUSR2);
+    unhold_signals();
     if (fdvar != NULL) {
         if ((rc = adopt(s, fdvar)) != 0)
             return rc;

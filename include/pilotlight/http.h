@@ -230,6 +230,10 @@ void pl_conn_skip_ack_report(pl_conn *c);
 void pl_conn_detect_dead_peer(pl_conn *c, unsigned idle_s, unsigned interval_s,
                               unsigned count, unsigned user_timeout_ms);
 
+/* Fills <ss> with <c>'s peer address (one system call). Returns 0, or a
+ * negative errno. */
+int pl_conn_peer_address(const pl_conn *c, struct sockaddr_storage *ss);
+
 /* The <app> pointer of the server <c> belongs to. */
 void *pl_conn_app(const pl_conn *c);
 

@@ -28,6 +28,7 @@ typedef struct {
     int proc_ok;                   /* 0 when /proc could not be read */
     uint64_t token_secret[2];       /* valid tokens: current, previous secret */
     uint64_t reloads[2];            /* SIGHUP reloads: ok, error */
+    uint64_t forbidden;             /* 403: an address dispatch_allow leaves out */
     uint64_t upgrades[PL_UPGRADE__COUNT]; /* SIGUSR2 upgrades, by result */
     uint64_t max_waiters, max_waiters_per_key, max_connections; /* in effect */
     pl_confirm_counters confirm;   /* delivery = confirm's own */
