@@ -457,6 +457,7 @@ def test_haproxy_config_uses_the_binary_defaults():
 @pytest.mark.parametrize("script,shell", [
     ("deploy/install-deps.sh", "bash"),
     ("deploy/container-test.sh", "bash"),
+    ("deploy/helm/render-kubernetes.sh", "bash"),
 ])
 def test_scripts_parse(script, shell):
     path = REPO_ROOT / script
