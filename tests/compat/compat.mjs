@@ -153,6 +153,10 @@ function makeJob(example, machine, friendlyId = (tag) => `deployment_compat${tag
   // The supervisor holds a parsed DequeuedMessage; validate as it would.
   const parsed = DequeuedMessage.safeParse(msg);
   check(parsed.success, "example message fails DequeuedMessage", parsed.error?.issues);
+  // Every field of the example is one the client's schema knows (an
+  // unknown one would be stripped), so the pass-through covers them all.
+  check(isDeepStrictEqual(JSON.parse(JSON.stringify(parsed.data)), msg),
+    "DequeuedMessage drops or changes a field of the example", JSON.stringify(parsed.data));
   return {
     deploymentId: msg.deployment.friendlyId,
     version: msg.backgroundWorker.version,
