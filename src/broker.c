@@ -311,6 +311,7 @@ static double wall_seconds(void)
 static void hold_waiter(pl_broker *b, pl_conn *c, pl_waiter *w)
 {
     pl_conn_set_owner(c, w, &waiter_owner);
+    pl_conn_park(c);
     if (pl_conn_watch_acks(c, b->cfg->delivery == PL_DELIVERY_CONFIRM) != 0)
         b->metrics.confirm.ack_events_refused++;
     if (!uv_is_active((uv_handle_t *)&b->timer))
@@ -504,6 +505,11 @@ int pl_broker_draining(const pl_broker *b)
 pl_status *pl_broker_status(pl_broker *b)
 {
     return b->status;
+}
+
+pl_redirect *pl_broker_ring(pl_broker *b)
+{
+    return b->ring;
 }
 
 

@@ -33,10 +33,12 @@ static int raise_fd_limit(pl_config *cfg, pl_config_fds *fds)
 }
 
 /* The signals that act on a running server, blocked from the first
- * instruction until the loop's handlers exist (server.c unblocks them):
- * one sent while the process starts is delivered then, rather than
- * killing it with the default action. */
-static void hold_signals(void)
+ * instruction of ours (a constructor runs before main, right after the
+ * dynamic loader) until the loop's handlers exist (server.c unblocks
+ * them): one sent while the process starts is delivered then, rather than
+ * killing it with the default action. What comes before, while the loader
+ * maps the libraries, no program can catch. */
+__attribute__((constructor)) static void hold_signals(void)
 {
     sigset_t set;
 
@@ -55,7 +57,6 @@ int main(int argc, char **argv)
     pl_config_fds fds;
     char err[512];
 
-    hold_signals();
 #ifdef PL_NEEDS_SSE42
     /* Refused here, before any request, instead of SIGILL on the first. */
     if (!__builtin_cpu_supports("sse4.2")) {

@@ -1,6 +1,10 @@
 /* redirect.c -- the key ring on the request path: the 307s, the ring's
  * view, and the polls moved when it changes. */
+#include <errno.h>
+#include <string.h>
 #include <time.h>
+
+#include <openssl/rand.h>
 
 #include "pilotlight/log.h"
 #include "pilotlight/mem.h"
@@ -12,6 +16,8 @@ struct pl_redirect {
     const pl_config *cfg;
     pl_metrics *m;
     pl_cluster cluster;
+    char self[PL_RING_NAME_MAX]; /* this instance's name, as last a member */
+    pl_cluster_replay replay;    /* signatures taken */
     uv_timer_t sweep; /* moves polls parked here for another's key; set
                        * up with the ring, as the ring's only handle */
 };
@@ -21,9 +27,19 @@ struct pl_redirect {
 static int write_307(pl_conn *c, const char *name, uint16_t port, unsigned hops,
                      const char *secret, const pl_request *req)
 {
-    char loc[PL_CLUSTER_LOCATION_MAX];
+    static const char digits[] = "0123456789abcdef";
+    char loc[PL_CLUSTER_LOCATION_MAX], nonce[PL_CLUSTER_NONCE_HEX];
+    unsigned char raw[PL_CLUSTER_NONCE_HEX / 2];
 
-    if (pl_cluster_location(loc, name, port, "/warm-start", hops, secret,
+    if (secret != NULL && secret[0] != '\0') {
+        if (RAND_bytes(raw, sizeof(raw)) != 1)
+            return 0; /* no randomness: no signature, and no redirect */
+        for (size_t i = 0; i < sizeof(raw); i++) {
+            nonce[2 * i] = digits[raw[i] >> 4];
+            nonce[2 * i + 1] = digits[raw[i] & 15];
+        }
+    }
+    if (pl_cluster_location(loc, name, port, "/warm-start", hops, secret, nonce,
                             req != NULL ? req->body : NULL, req != NULL ? req->body_len : 0,
                             (uint64_t)time(NULL)) < 0)
         return 0; /* cannot be: names are short */
@@ -39,14 +55,19 @@ void pl_redirect_moved(pl_conn *c, const char *name)
         pl_conn_close(c);
 }
 
-/* Answers <req> with a 307 to member <to>. Returns whether it did. */
-static int redirect(pl_redirect *r, pl_conn *c, const pl_request *req, int to, unsigned hops,
-                    int dispatch)
+/* Answers <req> with a 307 to member <to>. Returns whether it did: a
+ * request admitted by a signature alone is never signed again, so it is
+ * served here rather than sent on. */
+static int redirect(pl_redirect *r, pl_conn *c, const pl_request *req, const pl_hop *hop,
+                    int to, int dispatch)
 {
     const pl_config *cfg = r->cfg;
     uint16_t port = dispatch && cfg->dispatch_listen.host[0] != '\0' ? cfg->dispatch_listen.port
                                                                      : 0;
+    unsigned hops = hop->hops;
 
+    if (hop->signed_only)
+        return 0;
     if (!write_307(c, r->cluster.ring.m[to].name, port, hops,
                    dispatch ? cfg->dispatch_token : NULL, req))
         return 0;
@@ -89,6 +110,8 @@ void pl_redirect_ring_changed(pl_redirect *r, const pl_ring *ring, int self, int
         r->sweep.data = r;
     }
     pl_cluster_set(&r->cluster, ring, self, uv_now(r->loop));
+    if (self >= 0)
+        memcpy(r->self, ring->m[self].name, sizeof(r->self));
     r->m->ring_on = 1;
     /* Not a member (left to drain, or not yet among ring_dns's addresses):
      * 0, so a sum or count over instances leaves it out. */
@@ -118,12 +141,15 @@ int pl_redirect_elsewhere(pl_redirect *r, pl_conn *c, const pl_request *req,
     if (!r->cluster.on || (spot->mark == r->cluster.view && !hop->marked))
         return 0;
     if (hop->malformed) {
-        pl_conn_respond_error(c, 400, "malformed pl_hop, pl_exp or pl_sig");
+        pl_conn_respond_error(c, 400, "malformed pl_hop, pl_exp, pl_nonce or pl_sig");
         return 1;
     }
     pl_cluster_decide(&r->cluster, spot->key, hop, uv_now(r->loop), &v);
-    if (v.to >= 0)
-        return redirect(r, c, req, v.to, hop->hops, dispatch);
+    if (v.to >= 0) {
+        if (redirect(r, c, req, hop, v.to, dispatch))
+            return 1;
+        v.foreign = 1; /* not to be sent on: served here all the same */
+    }
     if (!v.foreign)
         spot->mark = r->cluster.view;
     r->m->ring_hop_served[dispatch != 0] += (uint64_t)v.foreign;
@@ -142,7 +168,7 @@ int pl_redirect_after_miss(pl_redirect *r, pl_conn *c, const pl_request *req,
     if (!r->cluster.on)
         return 0;
     pl_cluster_decide(&r->cluster, key, hop, uv_now(r->loop), &v);
-    return v.after_miss >= 0 && redirect(r, c, req, v.after_miss, hop->hops, 1);
+    return v.after_miss >= 0 && redirect(r, c, req, hop, v.after_miss, 1);
 }
 
 /* ---- its life ---- */
@@ -154,6 +180,7 @@ pl_redirect *pl_redirect_new(uv_loop_t *loop, pl_engine *engine, const pl_config
 
     if (r == NULL)
         return NULL;
+    memset(r, 0, sizeof(*r));
     r->loop = loop;
     r->engine = engine;
     r->cfg = cfg;
@@ -170,7 +197,28 @@ void pl_redirect_stop(pl_redirect *r)
         uv_close((uv_handle_t *)&r->sweep, NULL);
 }
 
+int pl_redirect_signed(pl_redirect *r, const pl_request *req, const pl_hop *hop,
+                       const char *path)
+{
+    uint64_t now = (uint64_t)time(NULL);
+    int rc;
+
+    if (hop->malformed || !r->cluster.on ||
+        !pl_cluster_hop_signed(hop, r->cfg->dispatch_token, r->self, path, req->body,
+                               req->body_len, now))
+        return 0;
+    if ((rc = pl_cluster_replay_take(&r->replay, hop, now)) != 0) {
+        PL_LOG(PL_LOG_WARN, rc == -EALREADY ? "ring: a signed redirect used twice: refused"
+                                            : "ring: signed redirects: too many at once",
+               NULL);
+        return 0;
+    }
+    return 1;
+}
+
 void pl_redirect_free(pl_redirect *r)
 {
+    if (r != NULL)
+        pl_cluster_replay_free(&r->replay);
     pl_free(r);
 }

@@ -2,13 +2,13 @@
  * bearer token), and the small endpoints. */
 #include <string.h>
 #include <strings.h>
-#include <time.h>
 
 #include <llhttp.h>
 #include <openssl/crypto.h>
 
 #include "pilotlight/broker.h"
 #include "pilotlight/cluster.h"
+#include "pilotlight/redirect.h"
 #include "pilotlight/routes.h"
 
 static void handle_connect(pl_broker *b, pl_conn *c, const pl_request *req, const pl_hop *hop)
@@ -97,18 +97,6 @@ static int bearer_ok(const pl_config *cfg, const pl_request *req)
     return CRYPTO_memcmp(got + 7, want, wlen) == 0;
 }
 
-/* A dispatch redirected by another instance of the ring comes without its
- * Authorization header (a client drops it on a redirect to another host),
- * signed instead: the redirect carries a signature of its body under the
- * same token. */
-static int redirect_signed(const pl_config *cfg, const pl_request *req, const pl_hop *hop,
-                           const char *path)
-{
-    return !hop->malformed &&
-           pl_cluster_hop_signed(hop, cfg->dispatch_token, path, req->body, req->body_len,
-                                 (uint64_t)time(NULL));
-}
-
 /* Whether <c>'s peer is one dispatch_allow names (anyone, when it is
  * empty). A system call, on the routes that ask it only. */
 static int address_allowed(const pl_config *cfg, const pl_conn *c)
@@ -119,6 +107,17 @@ static int address_allowed(const pl_config *cfg, const pl_conn *c)
         return 1;
     return pl_conn_peer_address(c, &ss) == 0 &&
            pl_cidr_match(&cfg->dispatch_allow_nets, (struct sockaddr *)&ss);
+}
+
+/* A dispatch redirected by another instance of the ring comes without its
+ * Authorization header (a client drops it on a redirect to another host),
+ * signed instead (redirect.h). Admitted so, it is never sent on again. */
+static int signed_redirect(pl_broker *b, const pl_request *req, pl_hop *hop)
+{
+    if (!pl_redirect_signed(pl_broker_ring(b), req, hop, "/warm-start"))
+        return 0;
+    hop->signed_only = 1;
+    return 1;
 }
 
 static void reply_405(pl_conn *c, const pl_request *req)
@@ -158,7 +157,7 @@ void pl_routes_on_request(void *app, pl_conn *c, const pl_request *req)
             pl_broker_metrics(v->broker)->forbidden++;
             pl_conn_respond_error(c, 403, "not allowed from this address (dispatch_allow)");
         } else if ((r->asks & BEARER) && cfg->dispatch_token[0] != '\0' && !bearer_ok(cfg, req) &&
-                   !redirect_signed(cfg, req, &hop, r->path)) {
+                   !(r->tag == PL_ROUTE_DISPATCH && signed_redirect(v->broker, req, &hop))) {
             pl_conn_respond(c, 401, "application/json", "WWW-Authenticate: Bearer\r\n",
                             "{\"error\":\"missing or wrong bearer token\"}", 41);
         } else {

@@ -61,6 +61,9 @@ const char *pl_broker_connect_body(const pl_broker *b, size_t *len);
 int pl_broker_draining(const pl_broker *b);
 pl_status *pl_broker_status(pl_broker *b);
 
+/* The key ring's side of the broker (redirect.h). */
+struct pl_redirect *pl_broker_ring(pl_broker *b);
+
 /* Takes up <next> (a live reload): caps, order and park timeout, token
  * mode and secrets (a new verifier, so a dropped secret's cached tokens go
  * too), what /connect serves. Tighter rules apply to what is parked: a

@@ -152,6 +152,12 @@ int pl_conn_tcp_info(const pl_conn *c, pl_tcp_facts *t);
  * the connection is probed each second it is idle. */
 void pl_conn_probe(pl_conn *c);
 
+/* The request pending on <c> may wait long for its answer (a parked
+ * poll): at most one small request is kept behind it; if more comes, all
+ * of it is dropped, and <c> closes once the answer is sent, so what a
+ * client sends behind a parked poll costs nothing while it waits. */
+void pl_conn_park(pl_conn *c);
+
 /* Holds <c> open for its owner: requests arriving on it are kept, not
  * read (PL_CONN_EV_DATA), and an end from its peer neither closes it nor
  * settles anything (PL_CONN_EV_END); no timeout applies. Until

@@ -55,6 +55,12 @@ void pl_redirect_ring_changed(pl_redirect *r, const pl_ring *ring, int self, int
  * member's key (after a hand-over released polls a change passed over). */
 void pl_redirect_recheck(pl_redirect *r);
 
+/* Whether <req> (for <path>), which came without the dispatch token, holds
+ * a signed redirect to this instance in its <hop> mark that still holds
+ * and was not used before; takes it (a second use is refused). */
+int pl_redirect_signed(pl_redirect *r, const pl_request *req, const pl_hop *hop,
+                       const char *path);
+
 /* Closes its timer; run the loop once more before pl_redirect_free(). */
 void pl_redirect_stop(pl_redirect *r);
 void pl_redirect_free(pl_redirect *r);

@@ -21,6 +21,7 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import select
 import signal
 import socket
@@ -46,9 +47,10 @@ RING_FLAGS = ("--ring-check-ms", str(CHECK_MS), "--ring-check-timeout-ms", str(C
 JOIN_WINDOW_S = (2 * CHECK_MS + CHECK_TIMEOUT_MS) / 1000
 SETTLE_S = 20.0     # views of the ring agree well within this, valgrind included
 QUIET_S = 1.0       # no redirect for this long: every sweep that was due has run
-MALFORMED = "malformed pl_hop, pl_exp or pl_sig"
+MALFORMED = "malformed pl_hop, pl_exp, pl_nonce or pl_sig"
 TOKEN = "tok_ring_8f0c2a61d7"
-SIG_TTL_S = 30
+SIG_TTL_S = 10
+SKEW_S = 30
 
 
 # --------------------------------------------------------------------------
@@ -151,11 +153,13 @@ def answer(r):
     return r.json()["didWarmStart"]
 
 
-def signature(token, exp, path, body):
+def signature(token, exp, hops, member, nonce, path, body):
     """The redirect's signature as a peer computes it: HMAC-SHA256 under the
-    dispatch token of "<exp>\\n<path>\\n" and the body's SHA-256. Instances
-    of every version in a ring must agree on it, so it is pinned here."""
-    msg = f"{exp}\n{path}\n".encode() + hashlib.sha256(body).digest()
+    dispatch token of "pl2\\n<exp>\\n<hops>\\n<member>\\n<nonce>\\n<path>\\n"
+    and the body's SHA-256. Instances of every version in a ring must agree
+    on it, so it is pinned here."""
+    msg = f"pl2\n{exp}\n{hops}\n{member}\n{nonce}\n{path}\n".encode() + \
+        hashlib.sha256(body).digest()
     return hmac.new(token.encode(), msg, hashlib.sha256).hexdigest()
 
 
@@ -501,9 +505,14 @@ def test_redirected_dispatch_delivers_the_payload_byte_for_byte(ring):
 
 
 def test_signed_redirect_stands_in_for_the_bearer_token(ring):
-    r = ring(2, flags=("--dispatch-token", TOKEN))
+    """A dispatch with the bearer token at a member that does not own its key
+    is redirected with a signature that stands in for the token: for that
+    body, that hop, the member it names, a short while, once. Replayed,
+    presented elsewhere, changed or expired, it is refused 401 and delivers
+    nothing; as the redirecting client sends it, it works, once."""
+    r = ring(3, flags=("--dispatch-token", TOKEN))
     bearer = {"Authorization": f"Bearer {TOKEN}"}
-    a, b = r.servers
+    a, b, c = r.servers
     key = r.keys_owned("deployment_signed", [r.names[1]], bearer)[r.names[1]][0]
     p = Poller(r, key, "ctl_signed", b)
     b.wait_parked(1)
@@ -514,26 +523,33 @@ def test_signed_redirect_stands_in_for_the_bearer_token(ring):
     loc = Location(post(a.host, a.port, "/warm-start", body, bearer))
     t1 = int(time.time())
     q = loc.query
-    assert set(q) == {"pl_hop", "pl_exp", "pl_sig"} and q["pl_hop"] == "1", loc.url
-    exp = int(q["pl_exp"])
+    assert set(q) == {"pl_hop", "pl_exp", "pl_nonce", "pl_sig"} and q["pl_hop"] == "1", loc.url
+    assert loc.name == r.names[1], loc.url
+    exp, nonce = int(q["pl_exp"]), q["pl_nonce"]
     assert t0 + SIG_TTL_S <= exp <= t1 + SIG_TTL_S, (exp, t0, t1)
-    assert q["pl_sig"] == signature(TOKEN, exp, "/warm-start", body)
+    assert re.fullmatch(r"[0-9a-f]{32}", nonce), nonce
+    assert q["pl_sig"] == signature(TOKEN, exp, 1, r.names[1], nonce, "/warm-start", body)
 
-    def target(exp_s, sig):
-        return f"/warm-start?pl_hop=1&pl_exp={exp_s}&pl_sig={sig}"
+    def target(exp_s, sig, hop=1, n=nonce):
+        return f"/warm-start?pl_hop={hop}&pl_exp={exp_s}&pl_nonce={n}&pl_sig={sig}"
+
+    def sig_for(exp_s, hop=1, member=r.names[1], n=nonce, token=TOKEN, bd=body):
+        return signature(token, exp_s, hop, member, n, "/warm-start", bd)
     now = int(time.time())
     tampered = body.replace(b"run_signed", b"run_sigNed")
+    other = "f" * 32
     refused = [
         ("a tampered body", loc.target, tampered),
-        ("another token", target(exp, signature("tok_other", exp, "/warm-start", body)), body),
+        ("another token", target(exp, sig_for(exp, token="tok_other")), body),
         ("a changed pl_exp", target(exp + 1, q["pl_sig"]), body),
-        ("an expired signature", target(now - 2, signature(TOKEN, now - 2, "/warm-start", body)),
-         body),
-        ("a signature made to last", target(now + 600,
-                                            signature(TOKEN, now + 600, "/warm-start", body)),
-         body),
+        ("a changed pl_hop", target(exp, q["pl_sig"], hop=2), body),
+        ("a changed pl_nonce", target(exp, q["pl_sig"], n=other), body),
+        ("an expired signature", target(now - SKEW_S - 2, sig_for(now - SKEW_S - 2)), body),
+        ("a signature made to last",
+         target(now + 600, sig_for(now + 600)), body),
         ("no signature", "/warm-start?pl_hop=1", body),
-        ("no expiry", f"/warm-start?pl_hop=1&pl_sig={q['pl_sig']}", body),
+        ("no nonce", f"/warm-start?pl_hop=1&pl_exp={exp}&pl_sig={q['pl_sig']}", body),
+        ("no expiry", f"/warm-start?pl_hop=1&pl_nonce={nonce}&pl_sig={q['pl_sig']}", body),
     ]
     before = counters(b)
     for what, tgt, bd in refused:
@@ -541,15 +557,26 @@ def test_signed_redirect_stands_in_for_the_bearer_token(ring):
         assert resp.status == 401, (what, resp)
         assert resp.headers.get("www-authenticate") == "Bearer", (what, resp)
     # a signature is for the dispatch path only
-    sig = signature(TOKEN, exp, "/warm-start", b"")
-    c = r.conn(b.host, b.port)
-    c.request("GET", f"/debug/waiters?pl_hop=1&pl_exp={exp}&pl_sig={sig}")
-    assert c.read_response().status == 401
+    sig = signature(TOKEN, exp, 1, r.names[1], nonce, "/warm-start", b"")
+    cn = r.conn(b.host, b.port)
+    cn.request("GET", f"/debug/waiters?pl_hop=1&pl_exp={exp}&pl_nonce={nonce}&pl_sig={sig}")
+    assert cn.read_response().status == 401
+    # for b, it is nothing at c (which would otherwise sign it anew for b)
+    cb_ = counters(c)
+    resp = post(c.host, c.port, loc.target, body)
+    assert resp.status == 401, resp
+    assert counters(c) == cb_
     assert counters(b) == before
     assert not readable([p.conn], 0.1), "a refused dispatch reached the poll"
     # as a redirecting client sends it: no Authorization, the Location as given
     assert answer(post(loc.host, loc.port, loc.target, body)) is True
     assert p.take() == payload
+    # ... and once only: the same Location again delivers nothing
+    q2 = Poller(r, key, "ctl_signed_2", b)
+    b.wait_parked(1)
+    resp = post(loc.host, loc.port, loc.target, body)
+    assert resp.status == 401, resp
+    assert not readable([q2.conn], 0.2), "a replayed dispatch reached a poll"
     mb = b.metrics()
     assert mb.dispatched("hit") == 1 and mb.sum("pilotlight_dispatch_total") == 1
 
@@ -612,7 +639,8 @@ MALFORMED_QUERIES = [
     "pl_hop=3", "pl_hop=-1", "pl_hop=", "pl_hop", "pl_hop=1x", "pl_hop=+1", "pl_hop=0x1",
     "pl_hop=99999999999999999999", "pl_hop=1&pl_hop=7", "pl_exp=soon", "pl_exp=",
     "pl_exp=1e9", "pl_sig=abc", "pl_sig=" + "A" * 64, "pl_sig=" + "0" * 63 + "g",
-    "pl_sig=" + "0" * 65, "pl_hop=1&pl_exp=1&pl_sig=" + "f" * 63,
+    "pl_sig=" + "0" * 65, "pl_hop=1&pl_exp=1&pl_sig=" + "f" * 63, "pl_nonce=abc",
+    "pl_nonce=" + "0" * 31 + "G",
 ]
 
 

@@ -317,14 +317,61 @@ async function caseRepoll(base, example) {
   return { controllerId: ctl.controllerId, polls };
 }
 
-const CASES = { match: caseMatch, dotted: caseDotted, abort: caseAbort, repoll: caseRepoll };
+/**
+ * warm_starts = off by SIGHUP, with the server's configuration file and pid
+ * in PL_COMPAT_CONF and PL_COMPAT_PID (not among the cases run by default).
+ * The run controller's own rules, from its waitForNextRun(): a warmStart()
+ * that comes back without a run ends the process; so does a /connect
+ * answering 0 for either value. Both must happen, and on again serves.
+ */
+async function caseOff(base, example) {
+  const conf = process.env.PL_COMPAT_CONF, pid = Number(process.env.PL_COMPAT_PID);
+  check(conf && pid > 0, "case off needs PL_COMPAT_CONF and PL_COMPAT_PID");
+  const setOff = async (off) => {
+    fs.writeFileSync(conf, `warm_starts = ${off ? "off" : "on"}\n`);
+    process.kill(pid, "SIGHUP");
+    const want = (d) => (off ? d.connectionTimeoutMs === 0 : d.connectionTimeoutMs > 0);
+    const deadline = Date.now() + STEP_TIMEOUT_MS;
+    for (;;) {
+      const c = await ctlFor(base, example).client.connect();
+      if (c.success && want(c.data)) return c.data;
+      check(Date.now() < deadline, "reload not taken up", c);
+      await sleep(20);
+    }
+  };
+  const job = makeJob(example, { name: "small-1x", cpu: 0.5, memory: 0.5 });
+  const ctl = makeController(base, job);
+  const poll = connectAndPoll(ctl);
+  await waitMetrics(base, (s) => s.parkedNow === 1, "pilotlight_parked_now 1");
+  const t0 = Date.now();
+  const offConnect = await setOff(true);
+  const settled = await within(poll, STEP_TIMEOUT_MS, "warmStart() after warm_starts = off");
+  const leftMs = Date.now() - t0;
+  check(!settled.error && settled.value === null, "a parked warmStart() should come back with no run", settled);
+  // ... because its poll was answered (not timed out by the client)
+  check(polled.get(ctl.controllerId)?.status === 503, "the parked poll's answer", polled.get(ctl.controllerId));
+  check(!offConnect.connectionTimeoutMs || !offConnect.keepaliveMs,
+    "/connect should make the controller exit (0 for a value)", offConnect);
+  const d = await dispatch(base, job.message);
+  check(d.status === 200 && isDeepStrictEqual(d.body, { didWarmStart: false }), "dispatch while off", d);
+  await setOff(false);
+  const again = await matchOnce(base, makeJob(example, { name: "small-2x", cpu: 1, memory: 1 }));
+  return { leftMs, offConnect, again: again.config };
+}
+
+function ctlFor(base, example) {
+  return makeController(base, makeJob(example, { name: "micro", cpu: 0.25, memory: 0.25 }));
+}
+
+const CASES = { match: caseMatch, dotted: caseDotted, abort: caseAbort, repoll: caseRepoll, off: caseOff };
+const BY_DEFAULT = ["match", "dotted", "abort", "repoll"];
 
 async function main() {
   const args = process.argv.slice(2);
   const base = args.find((a) => !a.startsWith("--"));
   const chosen = [];
   for (let i = 0; i < args.length; i++) if (args[i] === "--case") chosen.push(args[++i]);
-  const names = chosen.length ? chosen : Object.keys(CASES);
+  const names = chosen.length ? chosen : BY_DEFAULT;
   const result = { ok: false, package: `@trigger.dev/core@${packageVersion()}`, node: process.version, cases: {} };
   const hard = setTimeout(() => {
     result.error = `hard timeout ${HARD_TIMEOUT_MS} ms`;
