@@ -14,11 +14,6 @@
 #include "pilotlight/status.h"
 #include "pilotlight/token.h"
 
-/* A dispatch read at most this long after it arrived: its sender cannot
- * have waited long enough to give up on it. A busy loop then asks the
- * kernel nothing about its dispatchers; a quiet or stalled one does. */
-#define STALE_MS 50
-
 struct pl_broker {
     uv_loop_t *loop;
     const pl_config *cfg;
@@ -189,6 +184,7 @@ static pl_confirm_opts confirm_opts(const pl_config *cfg)
 
 static void answer_dispatch(void *arg, pl_conn *c, pl_dispatch_result result,
                             uint64_t waited_ms, uint64_t start_ns);
+static int poll_ok(void *arg, void *owner, uint64_t parked_at, const pl_message *m);
 
 pl_broker *pl_broker_new(uv_loop_t *loop, const pl_config *cfg)
 {
@@ -209,7 +205,7 @@ pl_broker *pl_broker_new(uv_loop_t *loop, const pl_config *cfg)
         (b->ring = pl_redirect_new(loop, b->engine, cfg, &b->metrics)) == NULL ||
         (b->status = pl_status_new(loop, b->engine, &b->metrics, cfg)) == NULL ||
         (b->confirm = pl_confirm_new(loop, b->engine, &b->metrics.confirm, &copts,
-                                     answer_dispatch, b)) == NULL) {
+                                     answer_dispatch, poll_ok, b)) == NULL) {
         pl_broker_free(b);
         return NULL;
     }
@@ -290,9 +286,14 @@ void pl_broker_attach(pl_broker *b, const pl_http *h)
     pl_status_attach(b->status, h);
 }
 
-void pl_broker_ring_changed(pl_broker *b, const pl_ring *ring, int self)
+void pl_broker_ring_changed(pl_broker *b, const pl_ring *ring, int self, int agreed)
 {
-    pl_redirect_ring_changed(b->ring, ring, self, !b->closing);
+    pl_redirect_ring_changed(b->ring, ring, self, agreed, !b->closing);
+}
+
+void pl_broker_ring_off(pl_broker *b)
+{
+    pl_redirect_off(b->ring);
 }
 
 /* ---- GET /warm-start: park ---- */
@@ -390,28 +391,51 @@ static void answer_dispatch(void *arg, pl_conn *c, pl_dispatch_result result,
     count_dispatch(b, result, waited_ms, start_ns);
 }
 
+/* Whether the run <m> may go to the poll of <owner> (a connection),
+ * parked at <parked_at>: not when its controller is about to give up on it
+ * (pl_poll_expiring), which only a poll near its end is asked about. */
+static int poll_ok(void *arg, void *owner, uint64_t parked_at, const pl_message *m)
+{
+    pl_broker *b = arg;
+    uint64_t now = uv_now(b->loop), end = parked_at + b->cfg->connection_timeout_ms;
+    pl_tcp_facts t;
+
+    (void)m;
+    if (now + PL_POLL_NEAR_MS < end)
+        return PL_VET_OFFER;
+    if (pl_conn_tcp_info(owner, &t) != 0)
+        t.rtt_us = t.rttvar_us = 0;
+    if (!pl_poll_expiring(parked_at, now, b->cfg->connection_timeout_ms, t.rtt_us, t.rttvar_us))
+        return PL_VET_OFFER;
+    b->metrics.passed_expiring++;
+    return PL_VET_PASS;
+}
+
 typedef struct {
     pl_broker *b;
     pl_conn *dispatcher;
+    const pl_message *m;
     int asked;
 } dispatch_vet;
 
-/* Before the run goes to its first poll: a dispatcher that has gone (its
- * FIN or reset read, or waiting in a socket whose request may have waited
- * long) gave up, and will cold-start the run itself. Then, under confirm,
- * the polls known to be suspect go last. */
-static int vet_poll(void *owner, void *arg)
+/* Before the run goes to its first poll: a dispatcher that has gone gave
+ * up, and will cold-start the run itself; its end may wait unread in the
+ * socket behind its request (one recv, once, and only for a run that has a
+ * poll to go to). Then a poll about to be given up on is passed over, and
+ * under confirm the polls known to be suspect go last. */
+static int vet_poll(void *owner, uint64_t parked_at, void *arg)
 {
     dispatch_vet *v = arg;
     pl_broker *b = v->b;
+    int rc;
 
     if (!v->asked) {
         v->asked = 1;
-        if (pl_conn_peer_eof(v->dispatcher) ||
-            (pl_conn_read_delay_max(v->dispatcher) > STALE_MS &&
-             pl_conn_peer_gone(v->dispatcher)))
+        if (pl_conn_peer_gone(v->dispatcher))
             return PL_VET_STOP;
     }
+    if ((rc = poll_ok(b, owner, parked_at, v->m)) != PL_VET_OFFER)
+        return rc;
     if (b->cfg->delivery == PL_DELIVERY_CONFIRM)
         return pl_confirm_vet(b->confirm, owner);
     return PL_VET_OFFER;
@@ -420,7 +444,7 @@ static int vet_poll(void *owner, void *arg)
 void pl_broker_dispatch(pl_broker *b, pl_conn *c, const pl_request *req, const pl_hop *hop)
 {
     uint64_t start = uv_hrtime();
-    dispatch_vet vet = {b, c, 0};
+    dispatch_vet vet = {b, c, NULL, 0};
     pl_delivery d = {.vet = vet_poll, .vet_arg = &vet};
     const char *err = NULL;
     pl_engine_spot spot;
@@ -450,6 +474,7 @@ void pl_broker_dispatch(pl_broker *b, pl_conn *c, const pl_request *req, const p
         return;
     }
     d.payload = &m;
+    vet.m = &m;
     rc = pl_engine_deliver(b->engine, &spot, uv_now(b->loop), &d);
     if (rc == 0 && pl_redirect_after_miss(b->ring, c, req, hop, &m.key))
         ; /* nothing was delivered here: the run is offered there */

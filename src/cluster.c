@@ -12,20 +12,25 @@
 #include "pilotlight/hash.h"
 #include "pilotlight/mem.h"
 
-void pl_cluster_init(pl_cluster *cl, uint64_t join_ms)
+void pl_cluster_init(pl_cluster *cl, uint64_t grace_ms)
 {
     memset(cl, 0, sizeof(*cl));
     pl_ring_init(&cl->ring);
     cl->self = -1;
-    cl->join_ms = join_ms;
+    cl->grace_ms = grace_ms;
 }
 
-void pl_cluster_set(pl_cluster *cl, const pl_ring *ring, int self, uint64_t now)
+void pl_cluster_set(pl_cluster *cl, const pl_ring *ring, int self, int agreed, uint64_t now)
 {
     if (self >= 0 && cl->self < 0)
-        cl->joined_at = now;
+        cl->newcomer_until = UINT64_MAX;
+    /* Agreed with others, at last: a grace for the polls still on their way. */
+    if (cl->newcomer_until == UINT64_MAX && agreed && ring->n > 1)
+        cl->newcomer_until = now + cl->grace_ms;
     cl->ring = *ring;
     cl->self = self;
+    cl->agreed = agreed;
+    cl->digest = pl_ring_digest(ring);
     cl->on = 1;
     /* Every key's "owned here" mark was of the old view. */
     if (++cl->view == 0)
@@ -150,7 +155,7 @@ void pl_cluster_decide(const pl_cluster *cl, const pl_key *key, const pl_hop *ho
     v->to = pl_cluster_route(cl, key, hop->hops, &v->foreign);
     v->after_miss = v->to >= 0 ? -1
                                : pl_cluster_after_miss(cl, key, hop->hops, v->foreign,
-                                                       now - cl->joined_at < cl->join_ms);
+                                                       now < cl->newcomer_until);
 }
 
 /* HMAC-SHA256 under <secret> of "pl2\n<exp>\n<hops>\n<member>\n<nonce>\n

@@ -26,13 +26,21 @@ static void handle_healthz(pl_broker *b, pl_conn *c, const pl_request *req, cons
     pl_conn_respond_json(c, 200, "{\"status\":\"ok\"}");
 }
 
+/* GET /readyz: also a ring member's check, which carries the checker's
+ * view and is answered with this one's (redirect.h). */
 static void handle_readyz(pl_broker *b, pl_conn *c, const pl_request *req, const pl_hop *hop)
 {
-    (void)req, (void)hop;
-    if (pl_broker_draining(b))
-        pl_conn_respond_json(c, 503, "{\"status\":\"draining\"}");
-    else
-        pl_conn_respond_json(c, 200, "{\"status\":\"ready\"}");
+    char view[PL_RING_NAME_MAX + 64];
+    size_t n = pl_redirect_view_header(pl_broker_ring(b), view, sizeof(view));
+    int draining = pl_broker_draining(b);
+
+    (void)hop;
+    if (req->header[PL_HDR_RING] != NULL)
+        pl_redirect_heard(pl_broker_ring(b), req->header[PL_HDR_RING],
+                          req->header_len[PL_HDR_RING]);
+    pl_conn_respond(c, draining ? 503 : 200, "application/json", n > 0 ? view : NULL,
+                    draining ? "{\"status\":\"draining\"}" : "{\"status\":\"ready\"}",
+                    draining ? 21 : 18);
 }
 
 static void handle_metrics(pl_broker *b, pl_conn *c, const pl_request *req, const pl_hop *hop)

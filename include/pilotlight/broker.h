@@ -51,9 +51,13 @@ void pl_broker_dispatch(pl_broker *b, pl_conn *c, const pl_request *req, const p
 
 /* The key ring changed (peers.h): from now on requests for keys another
  * member owns are redirected there (307), and the polls parked here for
- * them are sent there at once (outcome MOVED). <self> is this instance's
- * index in <ring>, -1 once it has left (it drains: it owns nothing). */
-void pl_broker_ring_changed(pl_broker *b, const pl_ring *ring, int self);
+ * them are sent there (outcome MOVED; redirect.h says when). <self> is
+ * this instance's index in <ring>, -1 once it has left (it drains: it owns
+ * nothing); <agreed>: every member up reports the same members. */
+void pl_broker_ring_changed(pl_broker *b, const pl_ring *ring, int self, int agreed);
+
+/* No ring any more (a reload removed it): every key is served here. */
+void pl_broker_ring_off(pl_broker *b);
 
 /* What the small endpoints serve: /connect's body (<len> bytes), whether
  * the server drains (/readyz), and what serves /metrics and /debug/waiters. */

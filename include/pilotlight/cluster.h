@@ -41,9 +41,13 @@ typedef struct {
     int self;           /* this instance's index in ring; -1 once it has left */
     int on;             /* a ring is configured: without one, everything is
                          * served here */
+    int agreed;         /* every member up reports this view (peers.h) */
     uint32_t view;      /* which view of the ring: 1, 2, ... (0: none yet) */
-    uint64_t joined_at; /* when this instance last became a member (ms) */
-    uint64_t join_ms;   /* how long after a join the others may not see it */
+    uint64_t digest;    /* the view's pl_ring_digest, as checks compare it */
+    uint64_t newcomer_until; /* this instance joined and sends a miss on to
+                              * the key's owner before it until then (ms;
+                              * UINT64_MAX: until the views agree) */
+    uint64_t grace_ms;  /* how long after they agree a newcomer still does */
 } pl_cluster;
 
 /* What a request's query says of its redirects. */
@@ -59,14 +63,18 @@ typedef struct {
                                * again, so never sent on */
 } pl_hop;
 
-/* No ring: every request is served here. <join_ms>: how long after this
- * instance joins the others may still not count it in (a check period or
- * two and a check's timeout). */
-void pl_cluster_init(pl_cluster *cl, uint64_t join_ms);
+/* No ring: every request is served here. <grace_ms>: how long after the
+ * members' views agree a newcomer still sends a miss on to the member that
+ * owned the key before it (the polls the others moved on may still be on
+ * their way: a check period). */
+void pl_cluster_init(pl_cluster *cl, uint64_t grace_ms);
 
 /* The members are now <ring>, this instance being member <self> (-1: not
- * a member) since loop time <now>: a new view begins. */
-void pl_cluster_set(pl_cluster *cl, const pl_ring *ring, int self, uint64_t now);
+ * a member), and every member up agrees on them (<agreed>), at loop time
+ * <now>: a new view begins. An instance that becomes a member is a
+ * newcomer until the views agree (and the grace after): the others may
+ * still hold the polls of the keys it takes. */
+void pl_cluster_set(pl_cluster *cl, const pl_ring *ring, int self, int agreed, uint64_t now);
 
 /* Reads pl_hop, pl_exp, pl_nonce and pl_sig from <query> (<len> bytes; NULL is an
  * empty query); other parameters are left alone. Returns 0, or -EINVAL
@@ -103,8 +111,8 @@ int pl_cluster_route(const pl_cluster *cl, const pl_key *key, unsigned hops, int
  * the ring index to redirect it to, or -1 (answer false). When it was
  * served here only because it came redirected (<foreign>, as
  * pl_cluster_route() said), the key's owner in this view; when this
- * instance owns the key but joined the ring <recently> (the others may
- * not have seen it yet, and still send their polls elsewhere), the owner
+ * instance owns the key but is a newcomer (<recently>: the others may not
+ * count it in yet, and still park the key's polls elsewhere), the owner
  * among the others. Never past PL_CLUSTER_HOPS_MAX. */
 int pl_cluster_after_miss(const pl_cluster *cl, const pl_key *key, unsigned hops, int foreign,
                           int recently);

@@ -28,10 +28,14 @@ for (const k of ["log", "info", "debug", "warn"]) console[k] = console.error;
 const realFetch = globalThis.fetch;
 /** Last raw long-poll response seen per controller id: {status, contentType, text}. */
 const polled = new Map();
+/** Called with (controller id, time) as each long poll starts (case expiring). */
+let onPollStart = null;
 
 // Observe (never alter) the client's long-poll responses, so the raw JSON the
 // server sent can be compared with what was dispatched.
 globalThis.fetch = async (input, init) => {
+  const pid = init?.headers?.["x-trigger-workload-controller-id"];
+  if (pid && onPollStart) onPollStart(pid, performance.now());
   const res = await realFetch(input, init);
   const id = init?.headers?.["x-trigger-workload-controller-id"];
   if (id) {
@@ -363,7 +367,67 @@ function ctlFor(base, example) {
   return makeController(base, makeJob(example, { name: "micro", cpu: 0.25, memory: 0.25 }));
 }
 
-const CASES = { match: caseMatch, dotted: caseDotted, abort: caseAbort, repoll: caseRepoll, off: caseOff };
+/**
+ * Runs dispatched into the last milliseconds of a poll, where the client is
+ * about to abort it at connectionTimeoutMs (its own timer, from the moment
+ * it calls fetch): for each poll the client starts, one dispatch at
+ * <start + connectionTimeoutMs - d> for d from 16 ms down to 0. Every run
+ * answered true must be one the client returns; the broker passes over the
+ * polls too near their end (pilotlight_expiring_passed_total), so some of
+ * those runs are answered false instead. Not among the default cases: the
+ * server's connection_timeout_ms must be short (a second or two).
+ */
+async function caseExpiring(base, example) {
+  const offsets = [16, 12, 8, 4, 2, 0];
+  const rounds = 2;
+  const job = makeJob(example, { name: "small-1x", cpu: 0.5, memory: 0.5 });
+  const ctl = makeController(base, job);
+  const connect = await within(ctl.client.connect(), STEP_TIMEOUT_MS, "connect()");
+  check(connect.success, "connect() failed", connect);
+  const T = connect.data.connectionTimeoutMs, keepaliveMs = connect.data.keepaliveMs;
+  check(T > 0 && T <= 3000, "case expiring needs a connectionTimeoutMs of 3 s at most", connect.data);
+  const sent = []; // {runId, d, answer}
+  const received = new Set();
+  let next = 0, poll = null;
+  const startPoll = () => {
+    poll = ctl.client.warmStart({ workerInstanceName: ctl.workerInstanceName, connectionTimeoutMs: T,
+      keepaliveMs }).then((run) => { if (run) received.add(run.run.friendlyId); startPoll(); },
+      () => startPoll());
+  };
+  const inFlight = [];
+  onPollStart = (id, t) => {
+    if (id !== ctl.controllerId || next >= offsets.length * rounds) return;
+    const d = offsets[next % offsets.length], n = next++;
+    const msg = structuredClone(job.message);
+    msg.run.id = `${job.message.run.id}e${n}`;
+    msg.run.friendlyId = `${job.message.run.friendlyId}e${n}`;
+    const wait = t + T - d - performance.now();
+    inFlight.push(new Promise((resolve) => setTimeout(async () => {
+      const a = await dispatch(base, msg);
+      sent.push({ runId: msg.run.friendlyId, d, answer: a.body?.didWarmStart });
+      resolve();
+    }, Math.max(0, wait))));
+  };
+  startPoll();
+  const deadline = Date.now() + (offsets.length * rounds + 4) * (T + 200) + 10_000;
+  while (next < offsets.length * rounds && Date.now() < deadline) await sleep(20);
+  await Promise.all(inFlight);
+  await sleep(T + 300); // a last poll's run, if any, reaches the client
+  onPollStart = null;
+  ctl.client.abort();
+  const trueNotReceived = sent.filter((s) => s.answer === true && !received.has(s.runId));
+  check(trueNotReceived.length === 0, "true for runs the client never returned", trueNotReceived);
+  check(sent.length === offsets.length * rounds, "a dispatch per poll", { sent: sent.length });
+  return {
+    dispatched: sent.length,
+    trueAnswers: sent.filter((s) => s.answer === true).length,
+    received: received.size,
+    byOffset: Object.fromEntries(offsets.map((d) => [d, sent.filter((s) => s.d === d && s.answer).length])),
+  };
+}
+
+const CASES = { match: caseMatch, dotted: caseDotted, abort: caseAbort, repoll: caseRepoll, off: caseOff,
+  expiring: caseExpiring };
 const BY_DEFAULT = ["match", "dotted", "abort", "repoll"];
 
 async function main() {

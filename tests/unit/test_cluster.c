@@ -130,8 +130,9 @@ static void test_after_miss(void)
 }
 
 /* The one decision, as the request path asks it: redirect, serve, or
- * serve and send a miss on; a new view each time the ring is set, the
- * join window counted from when this instance became a member. */
+ * serve and send a miss on; a new view each time the ring is set. A
+ * newcomer sends the misses of its own keys to their owner before it until
+ * the views agree, and a grace after. */
 static void test_decide(void)
 {
     pl_cluster cl, three;
@@ -139,7 +140,7 @@ static void test_decide(void)
     pl_hop none = {0}, once = {0};
     pl_cluster_verdict v;
     char name[32], buf[32];
-    int served = 0, redirected = 0, sent_on = 0;
+    int served = 0, redirected = 0;
 
     once.hops = 1;
     once.marked = 1;
@@ -150,10 +151,8 @@ static void test_decide(void)
         int len = snprintf(name, sizeof(name), "10.0.0.%d:8080", i);
         CHECK_EQ(pl_ring_add(&ring, name, (size_t)len), 0);
     }
-    pl_cluster_set(&cl, &ring, 3, 5000); /* joins at 5000 */
-    CHECK(cl.on && cl.view == 1 && cl.joined_at == 5000);
-    pl_cluster_set(&cl, &ring, 3, 7000); /* still a member: joined then */
-    CHECK(cl.view == 2 && cl.joined_at == 5000);
+    pl_cluster_set(&cl, &ring, 3, 0, 5000); /* joins at 5000; the others disagree */
+    CHECK(cl.on && cl.view == 1 && cl.digest == pl_ring_digest(&ring) && !cl.agreed);
     ring_of(&three, 3, 0);
     for (int i = 0; i < KEYS; i++) {
         pl_key k = key_n(i, buf, sizeof(buf));
@@ -162,13 +161,12 @@ static void test_decide(void)
 
         pl_cluster_decide(&cl, &k, &none, 5500, &v);
         if (owner == 3) {
-            /* its own key, just after joining: a miss goes to the member
-             * that owned it before; a second later, nowhere */
+            /* its own key while the views disagree, however long: a miss
+             * goes to the member that owned it before */
             CHECK(v.to == -1 && !v.foreign && v.after_miss == before);
-            pl_cluster_decide(&cl, &k, &none, 6000, &v);
-            CHECK(v.to == -1 && v.after_miss == -1);
+            pl_cluster_decide(&cl, &k, &none, 600000, &v);
+            CHECK(v.to == -1 && v.after_miss == before);
             served++;
-            sent_on++;
         } else {
             CHECK(v.to == (int)owner && v.after_miss == -1);
             /* redirected here already: served, counted foreign, and a miss
@@ -178,11 +176,24 @@ static void test_decide(void)
             redirected++;
         }
     }
-    CHECK(served > 0 && redirected > 0 && sent_on > 0);
+    CHECK(served > 0 && redirected > 0);
+    /* the views agree at 700000: a newcomer for the grace (1000) more */
+    pl_cluster_set(&cl, &ring, 3, 1, 700000);
+    CHECK(cl.view == 2 && cl.agreed);
+    for (int i = 0, checked = 0; i < KEYS && checked < 5; i++) {
+        pl_key k = key_n(i, buf, sizeof(buf));
+        if (pl_cluster_owner(&cl, &k) != 3)
+            continue;
+        pl_cluster_decide(&cl, &k, &none, 700999, &v);
+        CHECK(v.after_miss == (int)pl_cluster_owner(&three, &k));
+        pl_cluster_decide(&cl, &k, &none, 701000, &v);
+        CHECK(v.after_miss == -1);
+        checked++;
+    }
     /* left: owns nothing; what it got once is sent on once more */
-    pl_cluster_set(&cl, &ring, -1, 9000);
+    pl_cluster_set(&cl, &ring, -1, 1, 800000);
     pl_key k = key_n(0, buf, sizeof(buf));
-    pl_cluster_decide(&cl, &k, &once, 9000, &v);
+    pl_cluster_decide(&cl, &k, &once, 800000, &v);
     CHECK(v.to == (int)pl_cluster_owner(&cl, &k));
 }
 
