@@ -14,11 +14,6 @@
 #include "pilotlight/status.h"
 #include "pilotlight/token.h"
 
-/* A dispatch read at most this long after it arrived: its sender cannot
- * have waited long enough to give up on it. A busy loop then asks the
- * kernel nothing about its dispatchers; a quiet or stalled one does. */
-#define STALE_MS 50
-
 struct pl_broker {
     uv_loop_t *loop;
     const pl_config *cfg;
@@ -157,12 +152,28 @@ static int make_verifier(const pl_config *cfg, pl_token_verifier **out)
     return *out != NULL ? 0 : -ENOMEM;
 }
 
+/* What a poll and a parked poll are told while warm_starts = off. */
+#define OFF_REASON "warm starts are off (warm_starts = off)"
+
+/* /connect's body. With warm_starts = off, 0 for both: a controller that
+ * reads 0 there exits instead of polling (Trigger.dev's run controller,
+ * after each run). */
 static void set_connect_body(pl_broker *b, const pl_config *cfg)
 {
+    int off = cfg->warm_starts == PL_WARM_STARTS_OFF;
+
     b->connect_len = (size_t)snprintf(b->connect_body, sizeof(b->connect_body),
                                       "{\"connectionTimeoutMs\":%llu,\"keepaliveMs\":%llu}",
-                                      (unsigned long long)cfg->connection_timeout_ms,
-                                      (unsigned long long)cfg->keepalive_ms);
+                                      off ? 0ULL : (unsigned long long)cfg->connection_timeout_ms,
+                                      off ? 0ULL : (unsigned long long)cfg->keepalive_ms);
+}
+
+/* pl_engine_settle_if's judge for warm_starts = off: every poll goes. */
+static int judge_off(const pl_waiter_info *info, unsigned *tag, const void **why, void *arg)
+{
+    (void)info, (void)tag, (void)arg;
+    *why = OFF_REASON;
+    return 1;
 }
 
 static pl_confirm_opts confirm_opts(const pl_config *cfg)
@@ -173,6 +184,7 @@ static pl_confirm_opts confirm_opts(const pl_config *cfg)
 
 static void answer_dispatch(void *arg, pl_conn *c, const pl_message *m, uint32_t note,
                             pl_dispatch_result result, uint64_t waited_ms, uint64_t start_ns);
+static int poll_ok(void *arg, void *owner, uint64_t parked_at, const pl_message *m);
 
 pl_broker *pl_broker_new(uv_loop_t *loop, const pl_config *cfg)
 {
@@ -193,7 +205,7 @@ pl_broker *pl_broker_new(uv_loop_t *loop, const pl_config *cfg)
         (b->ring = pl_redirect_new(loop, b->engine, cfg, &b->metrics)) == NULL ||
         (b->status = pl_status_new(loop, b->engine, &b->metrics, cfg)) == NULL ||
         (b->confirm = pl_confirm_new(loop, b->engine, &b->metrics.confirm, &copts,
-                                     answer_dispatch, b)) == NULL) {
+                                     answer_dispatch, poll_ok, b)) == NULL) {
         pl_broker_free(b);
         return NULL;
     }
@@ -212,8 +224,13 @@ static void apply_to_parked(pl_broker *b, const pl_config *next)
 
     if (pl_poll_rejudge_init(&r, old, next))
         revoked = pl_engine_settle_if(b->engine, PL_OUTCOME_REVOKED, pl_poll_rejudge_one, &r);
-    if (next->max_waiters < old->max_waiters ||
-        next->max_waiters_per_key < old->max_waiters_per_key)
+    /* Warm starts turned off: a non-2xx answer ends a controller's wait
+     * for its next run at once (WarmStartClient returns no run, and the
+     * run controller exits), where a closed poll would be retried. */
+    if (next->warm_starts == PL_WARM_STARTS_OFF && old->warm_starts != PL_WARM_STARTS_OFF)
+        rejected = pl_engine_settle_if(b->engine, PL_OUTCOME_REJECTED, judge_off, NULL);
+    else if (next->max_waiters < old->max_waiters ||
+             next->max_waiters_per_key < old->max_waiters_per_key)
         rejected = pl_engine_enforce_caps(b->engine);
     if (revoked + rejected > 0)
         PL_LOG(PL_LOG_WARN, "reload: parked polls refused under the new settings",
@@ -269,9 +286,14 @@ void pl_broker_attach(pl_broker *b, const pl_http *h)
     pl_status_attach(b->status, h);
 }
 
-void pl_broker_ring_changed(pl_broker *b, const pl_ring *ring, int self)
+void pl_broker_ring_changed(pl_broker *b, const pl_ring *ring, int self, int agreed)
 {
-    pl_redirect_ring_changed(b->ring, ring, self, !b->closing);
+    pl_redirect_ring_changed(b->ring, ring, self, agreed, !b->closing);
+}
+
+void pl_broker_ring_off(pl_broker *b)
+{
+    pl_redirect_off(b->ring);
 }
 
 /* ---- GET /warm-start: park ---- */
@@ -290,6 +312,7 @@ static double wall_seconds(void)
 static void hold_waiter(pl_broker *b, pl_conn *c, pl_waiter *w)
 {
     pl_conn_set_owner(c, w, &waiter_owner);
+    pl_conn_park(c);
     if (pl_conn_watch_acks(c, b->cfg->delivery == PL_DELIVERY_CONFIRM) != 0)
         b->metrics.confirm.ack_events_refused++;
     if (!uv_is_active((uv_handle_t *)&b->timer))
@@ -306,6 +329,10 @@ void pl_broker_park(pl_broker *b, pl_conn *c, const pl_request *req, const pl_ho
     pl_key key;
     int rc, token;
 
+    if (b->cfg->warm_starts == PL_WARM_STARTS_OFF) {
+        pl_conn_respond_error(c, 503, OFF_REASON);
+        return;
+    }
     rc = pl_poll_key(req, b->verifier, b->cfg->token_mode == PL_TOKEN_MODE_ENFORCE,
                      wall_seconds(), &key, &claims, &token, &err, msg, sizeof(msg));
     if (token != PL_TOKEN_UNCHECKED)
@@ -344,16 +371,12 @@ void pl_broker_park(pl_broker *b, pl_conn *c, const pl_request *req, const pl_ho
 
 /* ---- POST /warm-start: dispatch ---- */
 
-/* Answers the dispatcher <c> (NULL: it went away; counted only) for the
- * run <m>, whose key the engine found at <spot> (NULL: a confirmation's,
- * the key tagged <tag> by pl_status_tag), offered to a poll of its key or
- * not (<offered>), at <now>. */
-static void answered(pl_broker *b, pl_conn *c, const pl_message *m, const pl_engine_spot *spot,
-                     uint32_t tag, int offered, pl_dispatch_result result,
-                     uint64_t waited_ms, uint64_t start_ns, uint64_t now)
+/* Answers the dispatcher <c> (NULL: it went away; counted only) with
+ * <result>, and counts it. Returns how long the dispatch took, in ns. */
+static uint64_t answer(pl_broker *b, pl_conn *c, pl_dispatch_result result,
+                       uint64_t waited_ms, uint64_t start_ns)
 {
     uint64_t took = uv_hrtime() - start_ns;
-    pl_diag_dispatch x;
 
     if (c != NULL)
         pl_conn_respond_json(c, 200, result == PL_DISPATCH_HIT ? "{\"didWarmStart\":true}"
@@ -362,6 +385,20 @@ static void answered(pl_broker *b, pl_conn *c, const pl_message *m, const pl_eng
     if (result == PL_DISPATCH_HIT)
         pl_histogram_observe(&b->metrics.wait_seconds, (double)waited_ms / 1e3);
     pl_histogram_observe(&b->metrics.dispatch_seconds, (double)took / 1e9);
+    return took;
+}
+
+/* answer() for the run <m>, told to the status page too: its key the
+ * engine found at <spot> (NULL: a confirmation's, the key tagged <tag> by
+ * pl_status_tag), offered to a poll of its key or not (<offered>), at
+ * <now>. */
+static void answered(pl_broker *b, pl_conn *c, const pl_message *m, const pl_engine_spot *spot,
+                     uint32_t tag, int offered, pl_dispatch_result result,
+                     uint64_t waited_ms, uint64_t start_ns, uint64_t now)
+{
+    pl_diag_dispatch x;
+
+    x.took_ns = answer(b, c, result, waited_ms, start_ns);
     x.key = &m->key;
     x.spot = spot;
     x.tag = tag;
@@ -370,7 +407,6 @@ static void answered(pl_broker *b, pl_conn *c, const pl_message *m, const pl_eng
     x.result = result;
     x.offered = offered;
     x.now = now;
-    x.took_ns = took;
     x.waited_ms = waited_ms;
     pl_status_dispatched(b->status, &x);
 }
@@ -385,28 +421,51 @@ static void answer_dispatch(void *arg, pl_conn *c, const pl_message *m, uint32_t
     answered(b, c, m, NULL, note, 1, result, waited_ms, start_ns, uv_now(b->loop));
 }
 
+/* Whether the run <m> may go to the poll of <owner> (a connection),
+ * parked at <parked_at>: not when its controller is about to give up on it
+ * (pl_poll_expiring), which only a poll near its end is asked about. */
+static int poll_ok(void *arg, void *owner, uint64_t parked_at, const pl_message *m)
+{
+    pl_broker *b = arg;
+    uint64_t now = uv_now(b->loop), end = parked_at + b->cfg->connection_timeout_ms;
+    pl_tcp_facts t;
+
+    (void)m;
+    if (now + PL_POLL_NEAR_MS < end)
+        return PL_VET_OFFER;
+    if (pl_conn_tcp_info(owner, &t) != 0)
+        t.rtt_us = t.rttvar_us = 0;
+    if (!pl_poll_expiring(parked_at, now, b->cfg->connection_timeout_ms, t.rtt_us, t.rttvar_us))
+        return PL_VET_OFFER;
+    b->metrics.passed_expiring++;
+    return PL_VET_PASS;
+}
+
 typedef struct {
     pl_broker *b;
     pl_conn *dispatcher;
+    const pl_message *m;
     int asked;
 } dispatch_vet;
 
-/* Before the run goes to its first poll: a dispatcher that has gone (its
- * FIN or reset read, or waiting in a socket whose request may have waited
- * long) gave up, and will cold-start the run itself. Then, under confirm,
- * the polls known to be suspect go last. */
-static int vet_poll(void *owner, void *arg)
+/* Before the run goes to its first poll: a dispatcher that has gone gave
+ * up, and will cold-start the run itself; its end may wait unread in the
+ * socket behind its request (one recv, once, and only for a run that has a
+ * poll to go to). Then a poll about to be given up on is passed over, and
+ * under confirm the polls known to be suspect go last. */
+static int vet_poll(void *owner, uint64_t parked_at, void *arg)
 {
     dispatch_vet *v = arg;
     pl_broker *b = v->b;
+    int rc;
 
     if (!v->asked) {
         v->asked = 1;
-        if (pl_conn_peer_eof(v->dispatcher) ||
-            (pl_conn_read_delay_max(v->dispatcher) > STALE_MS &&
-             pl_conn_peer_gone(v->dispatcher)))
+        if (pl_conn_peer_gone(v->dispatcher))
             return PL_VET_STOP;
     }
+    if ((rc = poll_ok(b, owner, parked_at, v->m)) != PL_VET_OFFER)
+        return rc;
     if (b->cfg->delivery == PL_DELIVERY_CONFIRM)
         return pl_confirm_vet(b->confirm, owner);
     return PL_VET_OFFER;
@@ -415,7 +474,7 @@ static int vet_poll(void *owner, void *arg)
 void pl_broker_dispatch(pl_broker *b, pl_conn *c, const pl_request *req, const pl_hop *hop)
 {
     uint64_t start = uv_hrtime();
-    dispatch_vet vet = {b, c, 0};
+    dispatch_vet vet = {b, c, NULL, 0};
     pl_delivery d = {.vet = vet_poll, .vet_arg = &vet};
     const char *err = NULL;
     pl_engine_spot spot;
@@ -423,6 +482,10 @@ void pl_broker_dispatch(pl_broker *b, pl_conn *c, const pl_request *req, const p
     uint64_t now;
     int rc;
 
+    if (b->cfg->warm_starts == PL_WARM_STARTS_OFF) {
+        answer(b, c, PL_DISPATCH_OFF, 0, start); /* no key read: the page keeps nothing */
+        return;
+    }
     if (b->cfg->delivery == PL_DELIVERY_CONFIRM)
         pl_confirm_note_dispatch(b->confirm, start);
     rc = pl_message_parse(req->body, req->body_len, &m, &err);
@@ -442,6 +505,7 @@ void pl_broker_dispatch(pl_broker *b, pl_conn *c, const pl_request *req, const p
         return;
     }
     d.payload = &m;
+    vet.m = &m;
     now = uv_now(b->loop);
     rc = pl_engine_deliver(b->engine, &spot, now, &d);
     if (rc == 0 && pl_redirect_after_miss(b->ring, c, req, hop, &m.key))
@@ -500,6 +564,11 @@ int pl_broker_draining(const pl_broker *b)
 pl_status *pl_broker_status(pl_broker *b)
 {
     return b->status;
+}
+
+pl_redirect *pl_broker_ring(pl_broker *b)
+{
+    return b->ring;
 }
 
 

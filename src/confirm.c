@@ -154,6 +154,7 @@ struct pl_confirm {
     pl_confirm_counters *m;
     pl_confirm_opts opts;
     pl_confirm_answer_fn answer;
+    pl_confirm_poll_fn poll_ok;
     void *arg;
     rec *recs;
     size_t nrecs;
@@ -452,11 +453,16 @@ static int dispatcher_gone(const rec *r)
     return r->dispatcher == NULL || pl_conn_peer_gone(r->dispatcher);
 }
 
-static int reoffer_vet(void *owner, void *arg)
+static int reoffer_vet(void *owner, uint64_t parked_at, void *arg)
 {
     rec *r = arg;
+    int v;
 
-    return dispatcher_gone(r) ? PL_VET_STOP : pl_confirm_vet(r->cf, owner);
+    if (dispatcher_gone(r))
+        return PL_VET_STOP;
+    if ((v = r->cf->poll_ok(r->cf->arg, owner, parked_at, &r->msg)) != PL_VET_OFFER)
+        return v;
+    return pl_confirm_vet(r->cf, owner);
 }
 
 /* After a failed attempt: the key's next poll, if the budget allows and
@@ -749,7 +755,8 @@ size_t pl_confirm_pending(const pl_confirm *cf)
 }
 
 pl_confirm *pl_confirm_new(uv_loop_t *loop, pl_engine *engine, pl_confirm_counters *counters,
-                           const pl_confirm_opts *opts, pl_confirm_answer_fn answer, void *arg)
+                           const pl_confirm_opts *opts, pl_confirm_answer_fn answer,
+                           pl_confirm_poll_fn poll_ok, void *arg)
 {
     pl_confirm *cf = pl_malloc(sizeof(*cf));
 
@@ -761,6 +768,7 @@ pl_confirm *pl_confirm_new(uv_loop_t *loop, pl_engine *engine, pl_confirm_counte
     cf->m = counters;
     cf->opts = *opts;
     cf->answer = answer;
+    cf->poll_ok = poll_ok;
     cf->arg = arg;
     cf->gap_ns = SWEEP_GAP_MAX_NS;
     uv_timer_init(loop, &cf->timer);

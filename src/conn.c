@@ -15,6 +15,13 @@
 #include "pilotlight/reclaim.h"
 #include "pilotlight/tcp.h"
 
+/* Bytes kept behind a parked request (pl_conn_park): one small request.
+ * More, and they are all dropped and the connection closes once the answer
+ * is sent, so that a parked poll costs what it costs whatever its client
+ * sends behind it. Behind another pending request (a dispatch awaiting
+ * its answer, briefly), up to max_header_bytes. */
+#define PARKED_KEEP 1024
+
 /* The kinds of owner connections have, each with what it does when one of
  * its connections ends: a connection keeps the slot, 3 bits, not a
  * pointer. Slot 0 is "no owner". */
@@ -212,7 +219,7 @@ int pl_conn_respond(pl_conn *c, int status, const char *content_type,
     uv_buf_t bufs[2];
     int rc;
     /* A half-closed peer's pipelined requests are still answered. */
-    int keep = c->keep_alive && !h->draining && !h->winding_down &&
+    int keep = c->keep_alive && !h->draining && !h->winding_down && !c->discard &&
                !(c->peer_eof && c->in.len == 0);
 
     if (c->closing || c->finishing)
@@ -240,7 +247,7 @@ int pl_conn_respond(pl_conn *c, int status, const char *content_type,
     put(&p, "\r\n");
     bufs[0] = uv_buf_init(head, (unsigned)(p - head));
     bufs[1] = uv_buf_init((char *)body, (unsigned)len);
-    c->pending = 0;
+    c->pending = c->parked = 0;
     if ((rc = conn_write(c, bufs, len > 0 && !c->head ? 2 : 1)) != 0)
         return rc;
     if (h->cb.on_response)
@@ -504,7 +511,15 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         }
     }
     if (c->pending || c->in.len > 0) {
-        /* Pipelined behind an unanswered request: keep it, bounded. */
+        /* Pipelined behind an unanswered request: a little is kept, for
+         * after its answer; more, and nothing is (PENDING_KEEP). */
+        if (c->discard)
+            return;
+        if (c->parked && c->in.len + (size_t)nread > PARKED_KEEP) {
+            pl_buf_free(&c->in);
+            c->discard = 1;
+            return;
+        }
         if ((c->pending && c->in.len + (size_t)nread > h->limits.max_header_bytes) ||
             pl_buf_append(&c->in, buf->base, (size_t)nread) != 0) {
             pl__conn_close(c);
@@ -515,8 +530,12 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         return;
     }
     used = conn_execute(c, buf->base, (size_t)nread);
-    if (used < (size_t)nread && !c->closing && !c->finishing &&
-        pl_buf_append(&c->in, buf->base + used, (size_t)nread - used) != 0)
+    if (used == (size_t)nread || c->closing || c->finishing)
+        return;
+    if (c->parked && (size_t)nread - used > PARKED_KEEP)
+        c->discard = 1; /* behind a parked poll: as above */
+    else if ((c->pending && (size_t)nread - used > h->limits.max_header_bytes) ||
+             pl_buf_append(&c->in, buf->base + used, (size_t)nread - used) != 0)
         pl__conn_close(c);
 }
 
@@ -651,6 +670,11 @@ void pl_conn_set_owner(pl_conn *c, void *obj, pl_conn_owner *ops)
     }
     c->data = obj;
     c->owner = ops->slot & 7;
+}
+
+void pl_conn_park(pl_conn *c)
+{
+    c->parked = 1;
 }
 
 void pl_conn_hold(pl_conn *c)

@@ -144,6 +144,13 @@ void pl_conn_probe(pl_conn *c)
         pl_tcp_probe(fd);
 }
 
+int pl_conn_peer_address(const pl_conn *c, struct sockaddr_storage *ss)
+{
+    int len = sizeof(*ss);
+
+    return uv_tcp_getpeername(&c->tcp, (struct sockaddr *)ss, &len);
+}
+
 int pl_conn_ended(const pl_conn *c)
 {
     return c->ended;

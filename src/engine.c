@@ -543,10 +543,12 @@ static pl_waiter *next_in_order(const pl_entry *ent, const pl_waiter *w, pl_orde
 }
 
 /* One round of pl_engine_deliver over <*entp> (set to NULL when its last
- * waiter left). Counts the waiters the vet passed over in *skipped. */
+ * waiter left). Counts the waiters the vet passed over in *skipped. In the
+ * <second> round, those it skipped are offered; those it passes, never. */
 static int deliver_round(pl_engine *e, pl_entry **entp, uint64_t now, pl_delivery *d,
-                         pl_engine_vet_fn vet, size_t *skipped)
+                         int second, size_t *skipped)
 {
+    pl_engine_vet_fn vet = d->vet;
     pl_order order = e->opts.order;
     pl_waiter *w = first_in_order(*entp, order);
 
@@ -560,10 +562,14 @@ static int deliver_round(pl_engine *e, pl_entry **entp, uint64_t now, pl_deliver
             w = next;
             continue;
         }
-        v = vet != NULL ? vet(owner, d->vet_arg) : PL_VET_OFFER;
+        v = vet != NULL ? vet(owner, at, d->vet_arg) : PL_VET_OFFER;
         if (v == PL_VET_STOP)
             return PL_DELIVERY_STOPPED;
-        if (v == PL_VET_SKIP) {
+        if (v == PL_VET_PASS) {
+            w = next;
+            continue;
+        }
+        if (v == PL_VET_SKIP && !second) {
             (*skipped)++;
             w = next;
             continue;
@@ -598,10 +604,10 @@ int pl_engine_deliver(pl_engine *e, const pl_engine_spot *spot, uint64_t now, pl
     if (ent == NULL)
         return 0;
     ent->mark = spot->mark; /* before a delivery may free it */
-    rc = deliver_round(e, &ent, now, d, d->vet, &skipped);
+    rc = deliver_round(e, &ent, now, d, 0, &skipped);
     /* The ones passed over stay parked, so the entry does too. */
     if (rc == 0 && skipped > 0)
-        rc = deliver_round(e, &ent, now, d, NULL, &skipped);
+        rc = deliver_round(e, &ent, now, d, 1, &skipped);
     return rc;
 }
 

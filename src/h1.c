@@ -25,6 +25,7 @@ static const struct {
     KNOWN("x-trigger-machine-cpu", PL_HDR_MACHINE_CPU),
     KNOWN("x-trigger-machine-memory", PL_HDR_MACHINE_MEMORY),
     KNOWN("authorization", PL_HDR_AUTHORIZATION),
+    KNOWN("x-pl-ring", PL_HDR_RING),
     KNOWN("host", PL_HDR_HOST),
     KNOWN("expect", PL_HDR_EXPECT),
     KNOWN("transfer-encoding", PL_HDR_TRANSFER_ENCODING),

@@ -40,7 +40,7 @@ static const char *const route_names[PL_ROUTE__COUNT] = {
     "other", "connect", "park", "dispatch", "healthz", "readyz", "metrics", "debug", "status",
 };
 static const char *const result_names[PL_DISPATCH__COUNT] = {
-    "hit", "miss", "invalid", "abandoned", "unconfirmed",
+    "hit", "miss", "invalid", "abandoned", "unconfirmed", "off",
 };
 static const char *const token_names[4] = {"valid", "invalid", "legacy", "absent"};
 
@@ -177,6 +177,14 @@ static void emit_ring(out_t *o, const pl_metrics *m)
             "# TYPE pilotlight_ring_changes_total counter\n"
             "pilotlight_ring_changes_total %llu\n",
          (unsigned long long)m->ring_members, (unsigned long long)m->ring_changes);
+    emit(o, "# HELP pilotlight_ring_agreed 1 when every member up reports the view this "
+            "instance has, else 0.\n# TYPE pilotlight_ring_agreed gauge\n"
+            "pilotlight_ring_agreed %llu\n"
+            "# HELP pilotlight_ring_clock_skew_seconds The largest difference between this "
+            "instance's wall clock and a member's, as their checks' answers show it.\n"
+            "# TYPE pilotlight_ring_clock_skew_seconds gauge\n"
+            "pilotlight_ring_clock_skew_seconds %.3f\n",
+         (unsigned long long)m->ring_agreed, (double)m->ring_clock_skew_ms / 1000.0);
     by_route(o, "pilotlight_ring_redirects_total",
              "Requests answered 307 to the instance that owns their key.", m->ring_redirects);
     by_route(o, "pilotlight_ring_hop_served_total",
@@ -251,6 +259,13 @@ size_t pl_metrics_render(const pl_metrics *m, const pl_ledger *l, size_t keys,
              "pilotlight_token_secret_valid_total{secret=\"current\"} %llu\n"
              "pilotlight_token_secret_valid_total{secret=\"previous\"} %llu\n",
          (unsigned long long)m->token_secret[0], (unsigned long long)m->token_secret[1]);
+    emit(&o, "# HELP pilotlight_expiring_passed_total Parked polls passed over for a run "
+             "because their controller was about to give up on them.\n"
+             "# TYPE pilotlight_expiring_passed_total counter\n"
+             "pilotlight_expiring_passed_total %llu\n", (unsigned long long)m->passed_expiring);
+    emit(&o, "# HELP pilotlight_forbidden_total Requests refused 403 because dispatch_allow "
+             "leaves their address out.\n# TYPE pilotlight_forbidden_total counter\n"
+             "pilotlight_forbidden_total %llu\n", (unsigned long long)m->forbidden);
     emit(&o, "# HELP pilotlight_config_reloads_total Configuration reloads (SIGHUP), by result.\n"
              "# TYPE pilotlight_config_reloads_total counter\n"
              "pilotlight_config_reloads_total{result=\"ok\"} %llu\n"

@@ -242,3 +242,13 @@ int pl_poll_rejudge_one(const pl_waiter_info *info, unsigned *tag, const void **
                                            : NULL;
     return 1;
 }
+
+int pl_poll_expiring(uint64_t parked_at, uint64_t now, uint64_t timeout_ms, uint32_t rtt_us,
+                     uint32_t rttvar_us)
+{
+    uint64_t rtt = rtt_us != 0 ? rtt_us : 1000;
+    uint64_t margin_ms = (2 * rtt + 4 * (uint64_t)rttvar_us) / 1000 + 10;
+
+    return now >= parked_at + timeout_ms ||
+           now + margin_ms >= parked_at + timeout_ms;
+}

@@ -58,6 +58,16 @@ static int name_cmp(const char *member, const char *name, size_t len)
     return c != 0 ? c : (mlen > len) - (mlen < len);
 }
 
+uint64_t pl_ring_digest(const pl_ring *r)
+{
+    uint64_t h = 0;
+
+    /* The members are sorted, so the same set gives the same sequence. */
+    for (size_t i = 0; i < r->n; i++)
+        h = (h ^ r->m[i].seed) * 0x100000001b3ULL + i;
+    return r->n == 0 ? 0 : h | 1;
+}
+
 int pl_ring_add(pl_ring *r, const char *name, size_t len)
 {
     size_t at = 0;

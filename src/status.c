@@ -315,6 +315,10 @@ static void health(pl_status_view *s)
     if (s->draining) {
         snprintf(s->health, sizeof(s->health),
                  "Draining: this instance is stopping and parks no more polls.");
+    } else if (s->cfg->warm_starts == PL_WARM_STARTS_OFF) {
+        snprintf(s->health, sizeof(s->health),
+                 "Warm starts are off (warm_starts = off): every dispatch is answered false "
+                 "at once, and controllers exit at their next /connect.");
     } else if (polls == 0 && refused > 0 && s->cfg->token_mode == PL_TOKEN_MODE_ENFORCE) {
         s->state = "bad";
         snprintf(s->health, sizeof(s->health),
@@ -402,7 +406,7 @@ uint64_t pl__status_wall(const pl_status_view *s, uint64_t at)
 }
 
 static const char *const result_names[PL_DISPATCH__COUNT] = {
-    "hit", "miss", "invalid", "abandoned", "unconfirmed",
+    "hit", "miss", "invalid", "abandoned", "unconfirmed", "off",
 };
 
 const char *pl__status_result_name(pl_dispatch_result r)

@@ -60,6 +60,11 @@ struct pl_conn {
     unsigned peer_eof : 1;     /* the peer half-closed: answer, then close */
     unsigned peer_reset : 1;   /* closing because the peer reset it */
     unsigned held : 1;         /* its owner holds it open (pl_conn_hold) */
+    unsigned parked : 1;       /* its pending request may wait long (a poll):
+                                * little is kept behind it */
+    unsigned discard : 1;      /* more came behind that than is kept: read and
+                                * dropped, and the connection closes after
+                                * the answer */
     unsigned ended : 2;        /* a held connection's end: PL_CONN_END_* */
     uint32_t out_bytes;        /* bytes ever given to the socket, mod 2^32 */
     uint32_t ack_origin;       /* out_bytes in the kernel when reports began */

@@ -13,6 +13,7 @@ typedef enum {
     PL_DISPATCH_UNCONFIRMED, /* false although the last controller tried may
                               * have it: TCP could not tell (delivery = confirm;
                               * docs/delivery.md) */
+    PL_DISPATCH_OFF,         /* false at once: warm_starts = off */
     PL_DISPATCH__COUNT
 } pl_dispatch_result;
 

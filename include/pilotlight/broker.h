@@ -51,15 +51,22 @@ void pl_broker_dispatch(pl_broker *b, pl_conn *c, const pl_request *req, const p
 
 /* The key ring changed (peers.h): from now on requests for keys another
  * member owns are redirected there (307), and the polls parked here for
- * them are sent there at once (outcome MOVED). <self> is this instance's
- * index in <ring>, -1 once it has left (it drains: it owns nothing). */
-void pl_broker_ring_changed(pl_broker *b, const pl_ring *ring, int self);
+ * them are sent there (outcome MOVED; redirect.h says when). <self> is
+ * this instance's index in <ring>, -1 once it has left (it drains: it owns
+ * nothing); <agreed>: every member up reports the same members. */
+void pl_broker_ring_changed(pl_broker *b, const pl_ring *ring, int self, int agreed);
+
+/* No ring any more (a reload removed it): every key is served here. */
+void pl_broker_ring_off(pl_broker *b);
 
 /* What the small endpoints serve: /connect's body (<len> bytes), whether
  * the server drains (/readyz), and what serves /metrics and /debug/waiters. */
 const char *pl_broker_connect_body(const pl_broker *b, size_t *len);
 int pl_broker_draining(const pl_broker *b);
 pl_status *pl_broker_status(pl_broker *b);
+
+/* The key ring's side of the broker (redirect.h). */
+struct pl_redirect *pl_broker_ring(pl_broker *b);
 
 /* Takes up <next> (a live reload): caps, order and park timeout, token
  * mode and secrets (a new verifier, so a dropped secret's cached tokens go

@@ -93,6 +93,11 @@ typedef struct {
     uint64_t wait_max_ms; /* confirm_wait_max_ms */
 } pl_confirm_opts;
 
+/* What the broker asks of a poll before a run goes to it (the same as for
+ * a first offer): PL_VET_OFFER, or PL_VET_PASS for one not to have it. */
+typedef int (*pl_confirm_poll_fn)(void *arg, void *owner, uint64_t parked_at,
+                                  const pl_message *m);
+
 /* What the broker does for the confirmations: answer a dispatcher (NULL
  * when it went away: count only) with <result> for the run <m> (its key
  * and payload; valid during the call) and the <note> pl_confirm_start()
@@ -106,7 +111,8 @@ typedef void (*pl_confirm_answer_fn)(void *arg, pl_conn *dispatcher, const pl_me
  * are owned by their connections), counting into <counters>, or NULL when
  * out of memory. */
 pl_confirm *pl_confirm_new(uv_loop_t *loop, pl_engine *engine, pl_confirm_counters *counters,
-                           const pl_confirm_opts *opts, pl_confirm_answer_fn answer, void *arg);
+                           const pl_confirm_opts *opts, pl_confirm_answer_fn answer,
+                           pl_confirm_poll_fn poll_ok, void *arg);
 
 /* Takes up new settings (a reload): for deliveries started from now on. */
 void pl_confirm_set_opts(pl_confirm *cf, const pl_confirm_opts *opts);

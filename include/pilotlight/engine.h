@@ -186,12 +186,15 @@ void pl_engine_settle(pl_engine *e, pl_waiter *w, pl_outcome outcome);
 /* What pl_engine_vet_fn answers for one waiter about to be offered a payload. */
 enum {
     PL_VET_OFFER = 0, /* offer it */
-    PL_VET_SKIP,      /* pass it over in this round (it stays parked) */
+    PL_VET_SKIP,      /* pass it over in this round (it stays parked, and is
+                       * offered in a second round if nobody took it) */
     PL_VET_STOP,      /* offer the payload to nobody */
+    PL_VET_PASS,      /* pass it over altogether (it stays parked) */
 };
 
-/* Asked about each waiter, by its owner, before it is offered a payload. */
-typedef int (*pl_engine_vet_fn)(void *owner, void *arg);
+/* Asked about each waiter, by its owner and when it was parked, before it
+ * is offered a payload. */
+typedef int (*pl_engine_vet_fn)(void *owner, uint64_t parked_at, void *arg);
 
 /* One dispatch's way through pl_engine_deliver(): what goes in, what comes
  * out. */

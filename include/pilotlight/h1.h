@@ -20,6 +20,7 @@ typedef enum {
     PL_HDR_MACHINE_CPU,       /* x-trigger-machine-cpu */
     PL_HDR_MACHINE_MEMORY,    /* x-trigger-machine-memory */
     PL_HDR_AUTHORIZATION,
+    PL_HDR_RING,              /* x-pl-ring: a ring member's view, on its check */
     PL_HDR_HOST,              /* read by the parser itself */
     PL_HDR_EXPECT,            /* read by the parser itself */
     PL_HDR_TRANSFER_ENCODING, /* read by the parser itself; lines joined */
@@ -100,7 +101,7 @@ int pl_h1_take_arena(pl_h1 *h, pl_buf *out);
 /* ---- one response ---- */
 
 /* Longest value kept of the header a response reader asks for. */
-#define PL_H1_VALUE_MAX 64
+#define PL_H1_VALUE_MAX 128
 
 /* One HTTP/1.x response to a GET, as strict as the requests: a status of
  * three digits, a Content-Length that fits (llhttp refuses the rest), at

@@ -152,6 +152,12 @@ int pl_conn_tcp_info(const pl_conn *c, pl_tcp_facts *t);
  * the connection is probed each second it is idle. */
 void pl_conn_probe(pl_conn *c);
 
+/* The request pending on <c> may wait long for its answer (a parked
+ * poll): at most one small request is kept behind it; if more comes, all
+ * of it is dropped, and <c> closes once the answer is sent, so what a
+ * client sends behind a parked poll costs nothing while it waits. */
+void pl_conn_park(pl_conn *c);
+
 /* Holds <c> open for its owner: requests arriving on it are kept, not
  * read (PL_CONN_EV_DATA), and an end from its peer neither closes it nor
  * settles anything (PL_CONN_EV_END); no timeout applies. Until
@@ -229,6 +235,10 @@ void pl_conn_skip_ack_report(pl_conn *c);
  * found while <c> waits. Zero values leave the system's defaults. */
 void pl_conn_detect_dead_peer(pl_conn *c, unsigned idle_s, unsigned interval_s,
                               unsigned count, unsigned user_timeout_ms);
+
+/* Fills <ss> with <c>'s peer address (one system call). Returns 0, or a
+ * negative errno. */
+int pl_conn_peer_address(const pl_conn *c, struct sockaddr_storage *ss);
 
 /* The <app> pointer of the server <c> belongs to. */
 void *pl_conn_app(const pl_conn *c);

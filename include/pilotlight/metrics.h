@@ -31,12 +31,18 @@ typedef struct {
     int proc_ok;                   /* 0 when /proc could not be read */
     uint64_t token_secret[2];       /* valid tokens: current, previous secret */
     uint64_t reloads[2];            /* SIGHUP reloads: ok, error */
+    uint64_t forbidden;             /* 403: an address dispatch_allow leaves out */
+    uint64_t passed_expiring;       /* polls passed over for a run: their
+                                     * controller was about to give up */
     uint64_t upgrades[PL_UPGRADE__COUNT]; /* SIGUSR2 upgrades, by result */
     uint64_t max_waiters, max_waiters_per_key, max_connections; /* in effect */
     pl_confirm_counters confirm;   /* delivery = confirm's own */
     int ring_on;                   /* a key ring is configured */
     uint64_t ring_members;         /* in this instance's view, itself included */
     uint64_t ring_changes;         /* times the view changed */
+    uint64_t ring_agreed;          /* every member up reports this view: 1 */
+    int64_t ring_clock_skew_ms;    /* the largest clock difference seen in a
+                                    * peer's answer */
     uint64_t ring_redirects[2];    /* answered 307: polls, dispatches */
     uint64_t ring_hop_served[2];   /* redirected here, served though another
                                     * instance owns the key: polls, dispatches */

@@ -66,4 +66,22 @@ int pl_poll_rejudge_init(pl_poll_rejudge *r, const pl_config *old, const pl_conf
  * judged again: a token is checked when its poll parks. */
 int pl_poll_rejudge_one(const pl_waiter_info *info, unsigned *tag, const void **why, void *arg);
 
+/* A controller gives up on its poll <timeout_ms> (the connectionTimeoutMs
+ * /connect told it) after it sent it: its client aborts the request unless
+ * the answer's head has come by then. A run is not handed to a poll that
+ * close to the end: */
+
+/* Until this long before the end no poll is near it, whatever its path:
+ * nothing need be asked of TCP. */
+#define PL_POLL_NEAR_MS 2000
+
+/* Whether a poll parked at <parked_at> (ms) is too near its controller's
+ * end at <now> for a run to reach it in time: the request took a round
+ * trip and a half to arrive (a connection's handshake too), the answer's
+ * head takes half a round trip, plus four deviations of the round trip and
+ * 10 ms for timers on either side. <rtt_us>, <rttvar_us>: the kernel's
+ * view of the path (0: unknown, taken as 1 ms and 0). */
+int pl_poll_expiring(uint64_t parked_at, uint64_t now, uint64_t timeout_ms, uint32_t rtt_us,
+                     uint32_t rttvar_us);
+
 #endif

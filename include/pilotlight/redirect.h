@@ -46,14 +46,42 @@ int pl_redirect_after_miss(pl_redirect *r, pl_conn *c, const pl_request *req,
  * module writes. */
 void pl_redirect_moved(pl_conn *c, const char *name);
 
-/* The members changed (peers.h): <self> is this instance's index in
- * <ring>, -1 once it has left. With <move>, the polls parked here for keys
- * another member owns now are answered MOVED at once. */
-void pl_redirect_ring_changed(pl_redirect *r, const pl_ring *ring, int self, int move);
+/* The members changed, or whether they all agree on them did (peers.h):
+ * <self> is this instance's index in <ring>, -1 once it has left. With
+ * <move>, the polls parked here for keys another member owns now are
+ * answered MOVED at once: those of keys this instance owned before, and,
+ * once the views agree, any (a poll parked here as another's while they
+ * disagreed); so no poll is sent back and forth. */
+void pl_redirect_ring_changed(pl_redirect *r, const pl_ring *ring, int self, int agreed,
+                              int move);
+
+/* Writes the header line this instance's /readyz answers carry for its
+ * peers' checks: "X-PL-Ring: <view digest> <wall clock ms> <its name>" and
+ * CRLF, into <buf> (<cap> bytes). Returns its length, 0 without a ring. */
+size_t pl_redirect_view_header(const pl_redirect *r, char *buf, size_t cap);
+
+/* Called when a peer's check shows a view other than this instance's:
+ * <digest> and its name (<len> bytes). */
+typedef void (*pl_redirect_stale_fn)(void *arg, uint64_t digest, const char *name, size_t len);
+
+/* A peer's check carried <value> (<len> bytes; its X-PL-Ring: "<view
+ * digest> <name>"): a view other than this instance's is told to the
+ * function pl_redirect_on_stale() set. */
+void pl_redirect_heard(pl_redirect *r, const char *value, size_t len);
+void pl_redirect_on_stale(pl_redirect *r, pl_redirect_stale_fn fn, void *arg);
+
+/* No ring any more (a reload): every request is served here. */
+void pl_redirect_off(pl_redirect *r);
 
 /* Looks again, on the loop's next turn, for polls parked here for another
  * member's key (after a hand-over released polls a change passed over). */
 void pl_redirect_recheck(pl_redirect *r);
+
+/* Whether <req> (for <path>), which came without the dispatch token, holds
+ * a signed redirect to this instance in its <hop> mark that still holds
+ * and was not used before; takes it (a second use is refused). */
+int pl_redirect_signed(pl_redirect *r, const pl_request *req, const pl_hop *hop,
+                       const char *path);
 
 /* Closes its timer; run the loop once more before pl_redirect_free(). */
 void pl_redirect_stop(pl_redirect *r);

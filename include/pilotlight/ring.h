@@ -44,6 +44,10 @@ int pl_ring_find(const pl_ring *r, const char *name, size_t len);
 /* Whether <a> and <b> have the same members. */
 int pl_ring_same(const pl_ring *a, const pl_ring *b);
 
+/* A fixed hash of <r>'s members (the same on every instance for the same
+ * members, 0 for none): how members compare their views in a word. */
+uint64_t pl_ring_digest(const pl_ring *r);
+
 /* The fixed hash of a key (its canonical encoding), for pl_ring_owner. */
 uint64_t pl_ring_key_hash(const pl_key *k);
 

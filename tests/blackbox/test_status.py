@@ -482,6 +482,27 @@ def test_served_where_metrics_is(start_server):
     s.port = dport  # the teardown's ledger check reads /metrics there
 
 
+def test_served_to_the_addresses_dispatch_allow_names(start_server):
+    from test_access import from_address
+    from conftest import build_request
+    s = start_server("--dispatch-allow", "127.0.0.1/32", "--listen", "0.0.0.0:0")
+    for path in ("/status", "/debug/status"):
+        r = from_address(s.port, "127.0.0.2", build_request("GET", path)).read_response()
+        assert r.status == 403 and "dispatch_allow" in r.json()["error"], (path, r)
+        r = from_address(s.port, "127.0.0.1", build_request("GET", path)).read_response()
+        assert r.status == 200, (path, r)
+
+
+def test_warm_starts_off_says_so(start_server):
+    s = start_server("--warm-starts", "off")
+    assert dispatch_on(s.port, "dep_off", run_id="run_off") is False
+    j = status(s.port)
+    assert j["health"]["text"].startswith("Warm starts are off (warm_starts = off)")
+    assert j["dispatches"]["off"] == 1 and j["window"]["misses"] == 0 and j["misses"] == []
+    p, _ = fetch_page(s.port)
+    assert p.facts[("data-r", "off")] == "off 1"
+
+
 def test_needs_the_bearer_token_when_one_is_set(start_server):
     s = start_server("--dispatch-token", DISPATCH_TOKEN)
     for path in ("/status", "/debug/status"):

@@ -94,19 +94,44 @@ typedef struct {
     owner_t *skip[4];
     int stop_at;   /* stop when asked for the n-th time (1-based); 0: never */
     int asked;
+    uint64_t pass_before; /* pass over those parked before this, for good */
 } vet_t;
 
-static int vet_cb(void *owner, void *arg)
+static int vet_cb(void *owner, uint64_t parked_at, void *arg)
 {
     vet_t *v = arg;
 
     v->asked++;
     if (v->stop_at != 0 && v->asked == v->stop_at)
         return PL_VET_STOP;
+    if (parked_at < v->pass_before)
+        return PL_VET_PASS;
     for (int i = 0; i < 4; i++)
         if (v->skip[i] == owner)
             return PL_VET_SKIP;
     return PL_VET_OFFER;
+}
+
+/* A waiter passed over altogether is offered neither in the first round
+ * nor in the second, and stays parked; the vet is told when each parked. */
+static void test_vet_pass_is_for_good(void)
+{
+    pl_engine *e = engine(PL_ORDER_FIFO, 0, 0, 0);
+    owner_t a = {0}, b = {0};
+    int payload = 5;
+    vet_t v = {{&b}, 0, 0, 2};
+    pl_delivery d = {.payload = &payload, .vet = vet_cb, .vet_arg = &v};
+
+    CHECK_EQ(park(e, &KA, "a", &a, 1), 0);
+    CHECK_EQ(park(e, &KA, "b", &b, 2), 0);
+    /* a (parked at 1) is passed over, b skipped: b in the second round */
+    CHECK_EQ(deliver_d(e, &KA, 10, &d), PL_DELIVERED);
+    CHECK(d.owner == &b && a.calls == 0);
+    /* a alone, passed over: nobody takes it, a stays */
+    CHECK_EQ(deliver_d(e, &KA, 11, &d), 0);
+    CHECK_EQ(a.calls, 0);
+    CHECK_EQ(pl_engine_waiting(e, &KA), 1);
+    pl_engine_free(e);
 }
 
 static void test_vet_skips_then_offers_the_skipped(void)
@@ -114,7 +139,7 @@ static void test_vet_skips_then_offers_the_skipped(void)
     pl_engine *e = engine(PL_ORDER_FIFO, 0, 0, 0);
     owner_t a = {0}, b = {0}, c = {0};
     int payload = 3;
-    vet_t v = {{&a, &b}, 0, 0};
+    vet_t v = {{&a, &b}, 0, 0, 0};
     pl_delivery d = {.payload = &payload, .vet = vet_cb, .vet_arg = &v};
 
     CHECK_EQ(park(e, &KA, "a", &a, 1), 0);
@@ -146,7 +171,7 @@ static void test_vet_stop_offers_to_nobody(void)
     pl_engine *e = engine(PL_ORDER_LIFO, 0, 0, 0);
     owner_t a = {0}, b = {0};
     int payload = 4;
-    vet_t v = {{NULL}, 1, 0};
+    vet_t v = {{NULL}, 1, 0, 0};
     pl_delivery d = {.payload = &payload, .vet = vet_cb, .vet_arg = &v};
 
     CHECK_EQ(park(e, &KA, "a", &a, 1), 0);
@@ -226,6 +251,7 @@ int main(void)
     RUN(test_invariants_stop_a_second_answer);
     RUN(test_vet_skips_then_offers_the_skipped);
     RUN(test_vet_stop_offers_to_nobody);
+    RUN(test_vet_pass_is_for_good);
     RUN(test_each_in_key_in_match_order);
     RUN(test_pending_delivery_aborted);
     return unit_finish();

@@ -371,7 +371,7 @@ static void test_ledger_identity(void)
 static void test_labels(void)
 {
     static const char *const results[] = {"hit", "miss", "invalid", "abandoned",
-                                          "unconfirmed"};
+                                          "unconfirmed", "off"};
     static const char *const methods[] = {"ack_event", "poll_fallback", "next_request",
                                           "next_turn", "late_check"};
     static const char *const confirms[] = {"acked", "unsent", "closed_unread",

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <uv.h>
 
@@ -43,19 +44,25 @@ struct peer {
     int listening;
     unsigned checks; /* checks answered (or heard, when SILENT) */
     fake_conn conns[8];
+    int with_view;   /* READY answers carry X-PL-Ring: view, clock, name */
+    uint64_t view;
+    char name[64];   /* the name it answers by ("": its own) */
+    char heard[160]; /* the X-PL-Ring of the last check it got */
 };
 
 static uv_loop_t loop;
 static peer peers[PEERS_MAX];
+static int64_t skew_ms = -1; /* what pl_peers keeps of the peers' clocks */
 static pl_ring last_ring;
-static int last_self = -3;
+static int last_self = -3, last_agreed = -1;
 static unsigned changes;
 
-static void on_changed(void *arg, const pl_ring *ring, int self)
+static void on_changed(void *arg, const pl_ring *ring, int self, int agreed)
 {
     (void)arg;
     last_ring = *ring;
     last_self = self;
+    last_agreed = agreed;
     changes++;
 }
 
@@ -106,6 +113,16 @@ static void answer(fake_conn *fc)
     p->checks++;
     switch (p->mode) {
     case READY:
+        if (p->with_view) {
+            char text[512];
+            int n = snprintf(text, sizeof(text),
+                             "HTTP/1.1 200 OK\r\nX-PL-Ring: %016llx %llu %s\r\n"
+                             "Content-Length: 18\r\n\r\n{\"status\":\"ready\"}",
+                             (unsigned long long)p->view,
+                             (unsigned long long)time(NULL) * 1000ULL + 250, p->name);
+            send_text(fc, text, (size_t)n);
+            break;
+        }
         send_text(fc, ready, sizeof(ready) - 1);
         break;
     case DRAINING:
@@ -158,7 +175,12 @@ static void read_cb(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
     fc->buf[fc->got] = '\0';
     while ((end = strstr(fc->buf, "\r\n\r\n")) != NULL) {
         size_t used = (size_t)(end + 4 - fc->buf);
+        const char *ring = strstr(fc->buf, "X-PL-Ring: ");
         CHECK(strncmp(fc->buf, "GET /readyz HTTP/1.1\r\n", 22) == 0);
+        if (ring != NULL && ring < end) {
+            const char *eol = strstr(ring, "\r\n");
+            snprintf(fc->p->heard, sizeof(fc->p->heard), "%.*s", (int)(eol - ring - 11), ring + 11);
+        }
         memmove(fc->buf, fc->buf + used, fc->got - used + 1);
         fc->got -= used;
         answer(fc);
@@ -284,8 +306,10 @@ static pl_peers *start(int n)
     o.check_ms = 30;
     o.timeout_ms = 60;
     o.resolve_ms = 1000;
+    o.skew_ms = &skew_ms;
     changes = 0;
     last_self = -3;
+    last_agreed = -1;
     pl_ring_init(&last_ring);
     ps = pl_peers_start(&loop, &o, on_changed, NULL, err, sizeof(err));
     CHECK(ps != NULL);
@@ -404,6 +428,125 @@ static void test_leave(void)
     finish(ps, 1);
 }
 
+static char self_name[] = "127.0.0.1:1";
+
+/* The ring a peer would have with <n> fake peers and this instance. */
+static uint64_t full_view(int n)
+{
+    pl_ring r;
+    char name[32];
+
+    pl_ring_init(&r);
+    for (int i = 0; i < n; i++) {
+        int len = snprintf(name, sizeof(name), "127.0.0.1:%u", (unsigned)peers[i].port);
+        pl_ring_add(&r, name, (size_t)len);
+    }
+    pl_ring_add(&r, self_name, strlen(self_name));
+    return pl_ring_digest(&r);
+}
+
+static int agreed_three(void)
+{
+    return last_ring.n == 3 && last_agreed == 1;
+}
+
+static int disagreed(void)
+{
+    return last_agreed == 0;
+}
+
+/* Each check says the checker's view and name; each answer says the
+ * member's: the views agree when every member up reports this one's, and
+ * not while one reports another. The largest clock difference is kept. */
+static void test_views_agree(void)
+{
+    pl_peers *ps;
+
+    for (int i = 0; i < 2; i++) {
+        peer_start(&peers[i], READY);
+        peers[i].with_view = 1;
+        snprintf(peers[i].name, sizeof(peers[i].name), "127.0.0.1:%u", (unsigned)peers[i].port);
+    }
+    peers[0].view = peers[1].view = full_view(2);
+    ps = start(2);
+    CHECK(run_until(agreed_three, 5000));
+    /* a check carries "<this instance's view> <its name>" */
+    char want[64];
+    snprintf(want, sizeof(want), "%016llx %s", (unsigned long long)full_view(2), self_name);
+    mark(2, 1);
+    CHECK(run_until(checked_again, 5000));
+    CHECK_STR(peers[0].heard, want);
+    /* their clocks run 250 ms ahead (to the second, as time() gives them) */
+    CHECK(skew_ms >= 0 && skew_ms < 1300);
+    peers[1].view = 12345; /* sees another ring */
+    CHECK(run_until(disagreed, 5000));
+    CHECK_EQ(last_ring.n, 3);
+    peers[1].view = full_view(2);
+    CHECK(run_until(agreed_three, 5000));
+    finish(ps, 2);
+}
+
+static int two_and_agreed(void)
+{
+    return last_ring.n == 2 && last_agreed == 1;
+}
+
+/* A member that answers by this instance's own name is this instance under
+ * a second name: never counted as another member. */
+static void test_alias_of_self(void)
+{
+    pl_peers *ps;
+
+    peer_start(&peers[0], READY);
+    peer_start(&peers[1], READY);
+    peers[0].with_view = peers[1].with_view = 1;
+    snprintf(peers[0].name, sizeof(peers[0].name), "127.0.0.1:%u", (unsigned)peers[0].port);
+    snprintf(peers[1].name, sizeof(peers[1].name), "%s", self_name); /* "me" */
+    ps = start(2);
+    mark(2, 3);
+    CHECK(run_until(checked_again, 5000));
+    CHECK(last_ring.n == 2 && member(0) && !member(1));
+    finish(ps, 2);
+}
+
+/* A reload that changes the list: a new member is checked at once and
+ * joins, one no longer named leaves, those kept stay up throughout. */
+static void test_reconfigure(void)
+{
+    char list[128], err[128];
+    pl_peers_opts o;
+    pl_peers *ps;
+
+    peer_start(&peers[0], READY);
+    peer_start(&peers[1], READY);
+    ps = start(1); /* peers[0] only */
+    CHECK(run_until(two_members, 5000));
+    CHECK(member(0) && !member(1));
+    memset(&o, 0, sizeof(o));
+    snprintf(list, sizeof(list), "127.0.0.1:%u,127.0.0.1:%u,127.0.0.1:1",
+             (unsigned)peers[0].port, (unsigned)peers[1].port);
+    o.list = list;
+    o.dns = "";
+    o.self = "127.0.0.1:1";
+    o.self_host = "127.0.0.1";
+    o.self_port = 1;
+    o.check_ms = 30;
+    o.timeout_ms = 60;
+    o.resolve_ms = 1000;
+    CHECK_EQ(pl_peers_reconfigure(ps, &o, err, sizeof(err)), 0);
+    CHECK(run_until(three_members, 5000));
+    CHECK(member(0) && member(1));
+    snprintf(list, sizeof(list), "127.0.0.1:%u,127.0.0.1:1", (unsigned)peers[1].port);
+    CHECK_EQ(pl_peers_reconfigure(ps, &o, err, sizeof(err)), 0);
+    CHECK(last_ring.n == 2 && !member(0) && member(1));
+    /* a list without this instance is refused, and changes nothing */
+    snprintf(list, sizeof(list), "127.0.0.1:%u", (unsigned)peers[1].port);
+    CHECK_EQ(pl_peers_reconfigure(ps, &o, err, sizeof(err)), -EINVAL);
+    CHECK(strstr(err, "ring_self") != NULL);
+    CHECK(run_until(two_and_agreed, 5000));
+    finish(ps, 2);
+}
+
 int main(void)
 {
     pl_log_threshold = PL_LOG_ERROR;
@@ -412,6 +555,9 @@ int main(void)
     RUN(test_leaving);
     RUN(test_silence);
     RUN(test_leave);
+    RUN(test_views_agree);
+    RUN(test_alias_of_self);
+    RUN(test_reconfigure);
     CHECK_EQ(uv_loop_close(&loop), 0);
     return unit_finish();
 }

@@ -408,6 +408,20 @@ static void test_rejudge(void)
     CHECK_EQ(tag, PL_POLL_TRUST_INVALID);
 }
 
+/* A poll near its controller's end is passed over: the margin is the
+ * path's (two round trips, four deviations) and 10 ms; unknown, 1 ms. */
+static void test_expiring(void)
+{
+    CHECK(!pl_poll_expiring(0, 0, 30000, 1000, 0));
+    CHECK(!pl_poll_expiring(0, 29987, 30000, 1000, 0));     /* 29987 + 12 < 30000 */
+    CHECK(pl_poll_expiring(0, 29988, 30000, 1000, 0));
+    CHECK(pl_poll_expiring(0, 29988, 30000, 0, 0));          /* unknown: as 1 ms */
+    CHECK(!pl_poll_expiring(0, 29749, 30000, 100000, 10000)); /* margin 250 */
+    CHECK(pl_poll_expiring(0, 29750, 30000, 100000, 10000));
+    CHECK(pl_poll_expiring(1000, 40000, 30000, 1000, 0));    /* past it */
+    CHECK(!pl_poll_expiring(1000, 1000, 30000, 1000, 0));
+}
+
 int main(void)
 {
     verifier = pl_token_verifier_new((const unsigned char *)SECRET, strlen(SECRET));
@@ -424,5 +438,6 @@ int main(void)
     RUN(test_trust_tags);
     RUN(test_rejudge);
     pl_token_verifier_free(verifier);
+    RUN(test_expiring);
     return unit_finish();
 }
