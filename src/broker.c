@@ -4,7 +4,7 @@
 #include <time.h>
 
 #include "pilotlight/broker.h"
-#include "pilotlight/confirm.h"
+#include "pilotlight/confirm_loop.h"
 #include "pilotlight/log.h"
 #include "pilotlight/loop.h"
 #include "pilotlight/mem.h"
@@ -19,7 +19,8 @@ struct pl_broker {
     const pl_config *cfg;
     pl_broker_view views[2];
     pl_engine *engine;
-    pl_confirm *confirm;         /* the deliveries awaiting their ACK */
+    pl_confirm_loop *confirm_loop; /* the deliveries awaiting their ACK ... */
+    pl_confirm *confirm;         /* ... as the broker's hooks see them */
     pl_redirect *ring;           /* the key ring's side of a request */
     pl_status *status;           /* /metrics, /debug/waiters */
     pl_token_verifier *verifier; /* NULL when token_mode is disabled */
@@ -56,12 +57,11 @@ static int on_settle(void *owner, pl_outcome outcome, const void *arg)
     pl_conn_set_owner(c, NULL, NULL);
     switch (outcome) {
     case PL_OUTCOME_MATCHED:
-        if (b->cfg->delivery == PL_DELIVERY_CONFIRM && pl_confirm_busy(b->confirm))
-            pl_conn_skip_ack_report(c);
+        pl_confirm_writing(b->confirm, c);
         if ((rc = pl_conn_respond(c, 200, "application/json", NULL, m->payload,
                                   m->payload_len)) != 0)
             return rc;
-        return b->cfg->delivery == PL_DELIVERY_CONFIRM ? PL_SETTLE_PENDING : 0;
+        return pl_confirm_written(b->confirm);
     case PL_OUTCOME_TIMEOUT:
         pl_conn_respond(c, 204, NULL, NULL, NULL, 0);
         break;
@@ -178,7 +178,8 @@ static int judge_off(const pl_waiter_info *info, unsigned *tag, const void **why
 
 static pl_confirm_opts confirm_opts(const pl_config *cfg)
 {
-    pl_confirm_opts opts = {cfg->confirm_timeout_ms, cfg->confirm_wait_max_ms};
+    pl_confirm_opts opts = {cfg->delivery == PL_DELIVERY_CONFIRM, cfg->confirm_timeout_ms,
+                            cfg->confirm_wait_max_ms};
     return opts;
 }
 
@@ -204,11 +205,12 @@ pl_broker *pl_broker_new(uv_loop_t *loop, const pl_config *cfg)
     if ((b->engine = pl_engine_new(&opts)) == NULL || make_verifier(cfg, &b->verifier) != 0 ||
         (b->ring = pl_redirect_new(loop, b->engine, cfg, &b->metrics)) == NULL ||
         (b->status = pl_status_new(loop, b->engine, &b->metrics, cfg)) == NULL ||
-        (b->confirm = pl_confirm_new(loop, b->engine, &b->metrics.confirm, &copts,
-                                     answer_dispatch, poll_ok, b)) == NULL) {
+        (b->confirm_loop = pl_confirm_loop_new(loop, b->engine, &b->metrics.confirm, &copts,
+                                               answer_dispatch, poll_ok, b)) == NULL) {
         pl_broker_free(b);
         return NULL;
     }
+    b->confirm = pl_confirm_loop_confirm(b->confirm_loop);
     uv_timer_init(loop, &b->timer);
     return b;
 }
@@ -313,8 +315,7 @@ static void hold_waiter(pl_broker *b, pl_conn *c, pl_waiter *w)
 {
     pl_conn_set_owner(c, w, &waiter_owner);
     pl_conn_park(c);
-    if (pl_conn_watch_acks(c, b->cfg->delivery == PL_DELIVERY_CONFIRM) != 0)
-        b->metrics.confirm.ack_events_refused++;
+    pl_confirm_parked(b->confirm, c);
     if (!uv_is_active((uv_handle_t *)&b->timer))
         timer_arm(b);
 }
@@ -466,9 +467,7 @@ static int vet_poll(void *owner, uint64_t parked_at, void *arg)
     }
     if ((rc = poll_ok(b, owner, parked_at, v->m)) != PL_VET_OFFER)
         return rc;
-    if (b->cfg->delivery == PL_DELIVERY_CONFIRM)
-        return pl_confirm_vet(b->confirm, owner);
-    return PL_VET_OFFER;
+    return pl_confirm_vet(b->confirm, owner);
 }
 
 void pl_broker_dispatch(pl_broker *b, pl_conn *c, const pl_request *req, const pl_hop *hop)
@@ -486,8 +485,7 @@ void pl_broker_dispatch(pl_broker *b, pl_conn *c, const pl_request *req, const p
         answer(b, c, PL_DISPATCH_OFF, 0, start); /* no key read: the page keeps nothing */
         return;
     }
-    if (b->cfg->delivery == PL_DELIVERY_CONFIRM)
-        pl_confirm_note_dispatch(b->confirm, start);
+    pl_confirm_note_dispatch(b->confirm);
     rc = pl_message_parse(req->body, req->body_len, &m, &err);
     if (rc == PL_MESSAGE_EINVAL) {
         b->metrics.dispatch[PL_DISPATCH_INVALID]++;
@@ -647,7 +645,7 @@ void pl_broker_stop(pl_broker *b)
 {
     uv_close((uv_handle_t *)&b->timer, NULL);
     pl_redirect_stop(b->ring);
-    pl_confirm_stop(b->confirm);
+    pl_confirm_loop_stop(b->confirm_loop);
 }
 
 void pl_broker_free(pl_broker *b)
@@ -656,7 +654,7 @@ void pl_broker_free(pl_broker *b)
         return;
     pl_status_free(b->status);
     pl_redirect_free(b->ring);
-    pl_confirm_free(b->confirm);
+    pl_confirm_loop_free(b->confirm_loop);
     pl_engine_free(b->engine);
     pl_token_verifier_free(b->verifier);
     pl_free(b);

@@ -40,12 +40,12 @@ typedef struct {
 static void held_end(pl_conn *c, ssize_t nread);
 static void request_end(pl_conn *c);
 
-void pl__conn_event(pl_conn *c, int ev)
+void pl__conn_event(pl_conn *c, int ev, int arg)
 {
     const pl_conn_owner *o = owners[c->owner];
 
     if (o != NULL && o->on_event != NULL)
-        o->on_event(c->data, c, ev);
+        o->on_event(c->data, c, ev, arg);
 }
 
 /* ---- writing ---- */
@@ -70,7 +70,7 @@ static int conn_write(pl_conn *c, const uv_buf_t *bufs, unsigned n)
     write_req *w;
     uv_buf_t b;
     char *p;
-    int r;
+    int r, reported;
 
     if (c->closing)
         return -EPIPE;
@@ -78,10 +78,10 @@ static int conn_write(pl_conn *c, const uv_buf_t *bufs, unsigned n)
         total += bufs[i].len;
     c->out_bytes += (uint32_t)total;
     /* Queued bytes go first, and the rest after them, unreported. */
-    c->reported = c->acks == ACKS_ON && !c->acks_ride && !c->acks_skip && n <= 2 &&
-                  uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) == 0;
-    c->acks_skip = 0;
-    if (c->reported)
+    reported = c->reports == PL_CONN_REPORTS_ON && c->acks == ACKS_ON && n <= 2 &&
+               uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) == 0;
+    c->ack_waiting = 0;
+    if (reported)
         r = pl__conn_write_reported(c, bufs, n);
     else
         r = uv_try_write((uv_stream_t *)&c->tcp, bufs, n);
@@ -91,9 +91,14 @@ static int conn_write(pl_conn *c, const uv_buf_t *bufs, unsigned n)
         pl__conn_close(c);
         return r;
     }
-    if ((size_t)r == total)
+    if ((size_t)r == total) {
+        if (reported && c->acks == ACKS_ON) {
+            c->ack_want = c->out_bytes - c->ack_origin - 1; /* offset of the last byte */
+            c->ack_waiting = 1;
+        }
         return 0;
-    c->reported = 0; /* its last byte goes out later, unreported */
+    }
+    /* its last byte goes out later, unreported */
     skip = (size_t)r;
     rest = total - skip;
     if (uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) + rest >
@@ -423,7 +428,7 @@ static void held_end(pl_conn *c, ssize_t nread)
     c->ended = nread == UV_EOF ? PL_CONN_END_EOF
                : nread == UV_ECONNRESET ? PL_CONN_END_RESET : PL_CONN_END_FAILED;
     uv_read_stop((uv_stream_t *)&c->tcp);
-    pl__conn_event(c, PL_CONN_EV_END);
+    pl__conn_event(c, PL_CONN_EV_END, 0);
 }
 
 /* Bytes for a held <c>: its owner is told they came (and may let it go:
@@ -433,7 +438,7 @@ static void held_end(pl_conn *c, ssize_t nread)
  * connection was closed. */
 static int held_data(pl_conn *c, const char *data, size_t len)
 {
-    pl__conn_event(c, PL_CONN_EV_DATA);
+    pl__conn_event(c, PL_CONN_EV_DATA, 0);
     if (c->closing)
         return -EPIPE;
     if (!c->held && c->in.len == 0)
@@ -459,9 +464,9 @@ static void on_read_end(pl_conn *c, ssize_t nread)
     /* A peer that acknowledged and then reset can leave the report
      * queued behind the reset: it still says every byte was taken. */
     for (int i = 0; i < 4 && c->acks == ACKS_ON && c->ack_waiting; i++) {
-        int rc = pl__conn_take_ack_report(c, 0);
+        int rc = pl__conn_take_ack_report(c);
         if (rc == 0)
-            pl__conn_event(c, PL_CONN_EV_ACKED);
+            pl__conn_event(c, PL_CONN_EV_ACKED, 0);
         else if (rc != -ENOMSG)
             break;
     }
@@ -479,10 +484,6 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     pl_http *h = pl__conn_http(c);
     size_t used;
 
-    if (uv_now(h->loop) != h->read_ms) {
-        h->prev_read_ms = h->read_ms;
-        h->read_ms = uv_now(h->loop);
-    }
     if (nread < 0) {
         on_read_end(c, nread);
         return;
@@ -494,8 +495,8 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
      * carries that ACK, so its report is queued already: take it first,
      * saving the extra wakeup. */
     if ((nread == 0 || (c->acks == ACKS_ON && c->ack_waiting)) &&
-        pl__conn_take_ack_report(c, nread > 0) == 0)
-        pl__conn_event(c, PL_CONN_EV_ACKED);
+        pl__conn_take_ack_report(c) == 0)
+        pl__conn_event(c, PL_CONN_EV_ACKED, nread > 0);
     if (nread == 0 || c->finishing || c->closing)
         return; /* lingering: drop what arrives */
     if (c->held) {

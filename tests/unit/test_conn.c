@@ -47,9 +47,13 @@ static void owner_closed(void *obj, pl_conn *c)
     app.pending = NULL;
 }
 
-static void owner_event(void *obj, pl_conn *c, int ev)
+static int acked_with_request = -1;
+
+static void owner_event(void *obj, pl_conn *c, int ev, int arg)
 {
     (void)obj, (void)c;
+    if (ev == PL_CONN_EV_ACKED)
+        acked_with_request = arg;
     if (ev == PL_CONN_EV_ACKED)
         app.acked++;
     else if (ev == PL_CONN_EV_DATA)
@@ -396,31 +400,43 @@ static int acked_once(void)
     return app.acked >= 1;
 }
 
-/* ACK reports: an answer written after asking is reported acknowledged
- * once the client's kernel has it, and the report comes as one event. */
+/* ACK reports: with the owner's switch on, an answer written whole asks
+ * for a report, due until the client's kernel has it, then told once as an
+ * event; with it at any other value, no write asks. */
 static void test_ack_report(void)
 {
     uint16_t port;
     pl_http *h = server(&port);
     pl_conn *c;
-    int how;
 
     open_client(port);
     send_all(rd.fd, "GET /park HTTP/1.1\r\nHost: x\r\n\r\n");
     want_n = 1;
     CHECK(pump(n_requests));
     c = app.pending;
-    if (pl_conn_watch_acks(c, 1) != 0) {
+    CHECK_EQ(pl_conn_reports(c), 0);
+    if (pl_conn_set_reports(c, PL_CONN_REPORTS_ON) != 0) {
         fprintf(stderr, "  (ACK reports refused here: not checked)\n");
+        CHECK(pl_conn_reports(c) & PL_CONN_REPORTS_REFUSED);
     } else {
         pl_conn_respond(c, 200, "text/plain", NULL, "run", 3);
         pl_conn_hold(c);
-        how = pl_conn_expect_ack(c);
-        CHECK_EQ(how, PL_CONN_ACK_REPORT);
+        CHECK(pl_conn_reports(c) & PL_CONN_REPORT_DUE);
         CHECK(pump(acked_once));
         CHECK_EQ(app.acked, 1);
+        CHECK_EQ(acked_with_request, 0); /* no request came with it */
+        CHECK(!(pl_conn_reports(c) & PL_CONN_REPORT_DUE));
         CHECK_EQ(pl_conn_acknowledged(c), 0);
         pl_conn_release(c);
+        /* the switch at another value: the next answer asks for none */
+        send_all(rd.fd, "GET /park HTTP/1.1\r\nHost: x\r\n\r\n");
+        want_n = 2;
+        CHECK(pump(n_requests));
+        c = app.pending;
+        CHECK_EQ(pl_conn_set_reports(c, 2), 0);
+        pl_conn_set_owner(c, NULL, NULL);
+        pl_conn_respond(c, 200, "text/plain", NULL, "run", 3);
+        CHECK_EQ(pl_conn_reports(c), 2);
     }
     close_client();
     server_end(h);
