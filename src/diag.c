@@ -741,7 +741,7 @@ const char *pl_diag_why(const pl_diag_event *ev, char *buf, size_t cap)
     switch (ev->nearest) {
     case PL_NEAREST_KEY:
         say(&w, "controllers were parked for this very key, but none could take the run: "
-                "their connections had gone");
+                "their connections had gone, or their polls were about to end");
         break;
     case PL_NEAREST_TOKEN:
         why_token(&w, ev);

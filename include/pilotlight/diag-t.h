@@ -7,7 +7,8 @@
  * this order. Order is the order of the metrics labels. */
 typedef enum {
     PL_NEAREST_KEY = 0,    /* polls were parked for the key itself, and none
-                            * could take the run (their connections had gone) */
+                            * could take the run (their connections had gone,
+                            * or their controllers were about to give up) */
     PL_NEAREST_TOKEN,      /* a poll for the key, or for its deployment with
                             * nothing else of it parked, was lately refused
                             * its deployment token (or found it invalid) */
