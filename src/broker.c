@@ -373,11 +373,16 @@ void pl_broker_park(pl_broker *b, pl_conn *c, const pl_request *req, const pl_ho
 /* ---- POST /warm-start: dispatch ---- */
 
 /* Answers the dispatcher <c> (NULL: it went away; counted only) with
- * <result>, and counts it. Returns how long the dispatch took, in ns. */
-static uint64_t answer(pl_broker *b, pl_conn *c, pl_dispatch_result result,
-                       uint64_t waited_ms, uint64_t start_ns)
+ * <result>, counts it, and tells the status page of the run <m> (NULL: no
+ * key was read): its key the engine found at <spot> (NULL: a
+ * confirmation's, the key tagged <tag> by pl_status_tag), offered to a
+ * poll of its key or not (<offered>), at <now>. */
+static void answered(pl_broker *b, pl_conn *c, const pl_message *m, const pl_engine_spot *spot,
+                     uint32_t tag, int offered, pl_dispatch_result result,
+                     uint64_t waited_ms, uint64_t start_ns, uint64_t now)
 {
     uint64_t took = uv_hrtime() - start_ns;
+    pl_diag_dispatch x;
 
     if (c != NULL)
         pl_conn_respond_json(c, 200, result == PL_DISPATCH_HIT ? "{\"didWarmStart\":true}"
@@ -386,20 +391,8 @@ static uint64_t answer(pl_broker *b, pl_conn *c, pl_dispatch_result result,
     if (result == PL_DISPATCH_HIT)
         pl_histogram_observe(&b->metrics.wait_seconds, (double)waited_ms / 1e3);
     pl_histogram_observe(&b->metrics.dispatch_seconds, (double)took / 1e9);
-    return took;
-}
-
-/* answer() for the run <m>, told to the status page too: its key the
- * engine found at <spot> (NULL: a confirmation's, the key tagged <tag> by
- * pl_status_tag), offered to a poll of its key or not (<offered>), at
- * <now>. */
-static void answered(pl_broker *b, pl_conn *c, const pl_message *m, const pl_engine_spot *spot,
-                     uint32_t tag, int offered, pl_dispatch_result result,
-                     uint64_t waited_ms, uint64_t start_ns, uint64_t now)
-{
-    pl_diag_dispatch x;
-
-    x.took_ns = answer(b, c, result, waited_ms, start_ns);
+    if (m == NULL)
+        return;
     x.key = &m->key;
     x.spot = spot;
     x.tag = tag;
@@ -408,6 +401,7 @@ static void answered(pl_broker *b, pl_conn *c, const pl_message *m, const pl_eng
     x.result = result;
     x.offered = offered;
     x.now = now;
+    x.took_ns = took;
     x.waited_ms = waited_ms;
     pl_status_dispatched(b->status, &x);
 }
@@ -482,7 +476,7 @@ void pl_broker_dispatch(pl_broker *b, pl_conn *c, const pl_request *req, const p
     int rc;
 
     if (b->cfg->warm_starts == PL_WARM_STARTS_OFF) {
-        answer(b, c, PL_DISPATCH_OFF, 0, start); /* no key read: the page keeps nothing */
+        answered(b, c, NULL, NULL, 0, 0, PL_DISPATCH_OFF, 0, start, 0); /* no key read */
         return;
     }
     pl_confirm_note_dispatch(b->confirm);

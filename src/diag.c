@@ -19,9 +19,13 @@
 #define NEAR_MAX 256
 
 /* Counts by minute: bucket m % PL_DIAG_MINUTES holds minute m, for the
- * PL_DIAG_MINUTES minutes up to <minute>, the newest counted in. */
+ * PL_DIAG_MINUTES minutes up to <minute>, the newest counted in. <until>
+ * and <slot> say where that minute ends and its bucket, so that a count
+ * within it takes no division. */
 typedef struct {
     uint64_t minute;
+    uint64_t until; /* (minute + 1) * MINUTE_MS; 0: nothing counted yet */
+    uint32_t slot;  /* minute % PL_DIAG_MINUTES */
     uint32_t hits[PL_DIAG_MINUTES], misses[PL_DIAG_MINUTES];
 } window;
 
@@ -128,18 +132,28 @@ static void window_roll(window *w, uint64_t minute)
         w->misses[(w->minute + i) % PL_DIAG_MINUTES] = 0;
     }
     w->minute = minute;
+    w->until = (minute + 1) * MINUTE_MS;
+    w->slot = (uint32_t)(minute % PL_DIAG_MINUTES);
 }
 
-/* Counts a dispatch of <minute>, whose bucket is <slot>, in <w>. Time
- * does not go back: <minute> is never before w->minute. */
-static inline void window_count(window *w, uint64_t minute, unsigned slot, int hit)
+/* <w> empty, its newest minute <minute>. */
+static void window_start(window *w, uint64_t minute)
 {
-    if (minute != w->minute)
-        window_roll(w, minute);
+    memset(w, 0, sizeof(*w));
+    w->minute = minute;
+    w->until = (minute + 1) * MINUTE_MS;
+    w->slot = (uint32_t)(minute % PL_DIAG_MINUTES);
+}
+
+/* Counts a dispatch at <now> (loop ms, which never go back) in <w>. */
+static inline void window_count(window *w, uint64_t now, int hit)
+{
+    if (now >= w->until)
+        window_roll(w, now / MINUTE_MS);
     if (hit)
-        w->hits[slot]++;
+        w->hits[w->slot]++;
     else
-        w->misses[slot]++;
+        w->misses[w->slot]++;
 }
 
 /* Adds <from>'s counts to <into>'s. */
@@ -287,7 +301,7 @@ static unsigned add_rec(pl_diag *d, const unsigned char *enc, size_t len, uint32
         window_merge(&d->gone, &r->w);
     }
     memset(r, 0, sizeof(*r));
-    r->w.minute = minute; /* its buckets, all empty, end there */
+    window_start(&r->w, minute);
     r->gen = gen & 0xffffff ? gen : 1; /* 24 bits in a tag, never 0 */
     r->enc = copy;
     r->cap = (uint16_t)cap;
@@ -498,26 +512,38 @@ uint32_t pl_diag_tag(pl_diag *d, const pl_engine_spot *spot)
     return d->recs[r].gen << 8 | r;
 }
 
-int pl_diag_dispatched(pl_diag *d, const pl_diag_dispatch *x)
+/* Every dispatch but a hit whose key is kept and was found at once: a
+ * miss, a key dispatched to for the first time lately or let go, a
+ * confirmation whose tag went stale. Out of line, so that the hit's path
+ * stays short. <r>: the key's rec, or NONE. */
+static __attribute__((noinline)) int dispatched(pl_diag *d, const pl_diag_dispatch *x,
+                                                unsigned r)
 {
-    uint64_t minute = x->now / MINUTE_MS;
-    unsigned slot = (unsigned)(minute % PL_DIAG_MINUTES);
     int hit = x->result == PL_DISPATCH_HIT;
-    unsigned r;
 
-    if (x->spot != NULL) {
-        r = find_rec(d, x->spot->buf, x->spot->len, x->spot->hash);
-        if (r == NONE)
-            r = add_rec(d, x->spot->buf, x->spot->len, x->spot->hash, minute);
-    } else if ((r = tagged(d, x->tag)) == NONE) {
+    if (r == NONE && x->spot != NULL)
+        r = add_rec(d, x->spot->buf, x->spot->len, x->spot->hash, x->now / MINUTE_MS);
+    else if (r == NONE)
         r = rec_without_spot(d, x);
-    }
     if (r == NONE)
         return classify_only(d, x);
     d->recs[r].used = 1;
-    window_count(&d->recs[r].w, minute, slot, hit);
+    window_count(&d->recs[r].w, x->now, hit);
     if (!hit)
         return missed(d, r, x);
+    keep_event(d, &d->hits[d->nhits++ % PL_DIAG_LAST], r, x);
+    return -1;
+}
+
+int pl_diag_dispatched(pl_diag *d, const pl_diag_dispatch *x)
+{
+    unsigned r = x->spot != NULL ? find_rec(d, x->spot->buf, x->spot->len, x->spot->hash)
+                                 : tagged(d, x->tag);
+
+    if (r == NONE || x->result != PL_DISPATCH_HIT)
+        return dispatched(d, x, r);
+    d->recs[r].used = 1;
+    window_count(&d->recs[r].w, x->now, 1);
     keep_event(d, &d->hits[d->nhits++ % PL_DIAG_LAST], r, x);
     return -1;
 }
