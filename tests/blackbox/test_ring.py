@@ -16,7 +16,6 @@ no error was logged, and it exits 0 with no sanitizer report (except one
 the test killed with SIGKILL). Timings are read from /metrics with bounds
 generous enough for valgrind; the measured ones are printed.
 """
-import ctypes
 import hashlib
 import hmac
 import json
@@ -34,7 +33,7 @@ import pytest
 
 from conftest import (BIN, IO_TIMEOUT, Conn, Server, assert_ledger, check_sanitizers,
                       json_lines, key_of, make_message, poll_headers, run_binary)
-from impair import show
+from impair import private_hosts, show
 from test_upgrade import logged, stalling_program, stop_adopted, wait_logged
 
 HOSTS = ["127.0.0.2", "127.0.0.3", "127.0.0.4"]
@@ -1120,21 +1119,7 @@ def test_views_that_never_agree_bounce_nothing(ring):
 # ring_dns
 # --------------------------------------------------------------------------
 
-CLONE_NEWNS = 0x00020000
-MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
 HOSTS_FILE = "127.0.0.1 localhost\n::1 localhost\n"
-
-
-def private_hosts(path):
-    """A preexec_fn: the child sees <path> as /etc/hosts (its own mount
-    namespace), so that localhost names both loopback addresses."""
-    def setup():
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.unshare(CLONE_NEWNS) != 0 or \
-                libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0 or \
-                libc.mount(str(path).encode(), b"/etc/hosts", None, MS_BIND, None) != 0:
-            raise OSError(ctypes.get_errno(), "private /etc/hosts")
-    return setup
 
 
 def localhost_addresses(preexec=None):
