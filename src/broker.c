@@ -5,7 +5,6 @@
 
 #include "pilotlight/broker.h"
 #include "pilotlight/confirm_loop.h"
-#include "pilotlight/log.h"
 #include "pilotlight/loop.h"
 #include "pilotlight/mem.h"
 #include "pilotlight/message.h"
@@ -22,7 +21,8 @@ struct pl_broker {
     pl_confirm_loop *confirm_loop; /* the deliveries awaiting their ACK ... */
     pl_confirm *confirm;         /* ... as the broker's hooks see them */
     pl_redirect *ring;           /* the key ring's side of a request */
-    pl_status *status;           /* /metrics, /debug/waiters */
+    pl_status *status;           /* /metrics, /status, /debug/... */
+    pl_diag *diag;               /* ... its record of each dispatch */
     pl_token_verifier *verifier; /* NULL when token_mode is disabled */
     uv_timer_t timer;            /* the engine's next park timeout */
     pl_metrics metrics;
@@ -134,27 +134,6 @@ static pl_engine_opts engine_opts(const pl_config *cfg)
     return opts;
 }
 
-/* Sets *out to a verifier for <cfg>'s secrets, or NULL when tokens are
- * disabled. Returns 0, or -1 when out of memory. */
-static int make_verifier(const pl_config *cfg, pl_token_verifier **out)
-{
-    const char *cur = cfg->token_secret, *prev = cfg->token_secret_previous;
-
-    *out = NULL;
-    if (cfg->token_mode == PL_TOKEN_MODE_DISABLED)
-        return 0;
-    *out = pl_token_verifier_new((const unsigned char *)cur, strlen(cur));
-    if (*out != NULL && *prev != '\0' &&
-        pl_token_verifier_set_previous(*out, (const unsigned char *)prev, strlen(prev)) != 0) {
-        pl_token_verifier_free(*out);
-        *out = NULL;
-    }
-    return *out != NULL ? 0 : -ENOMEM;
-}
-
-/* What a poll and a parked poll are told while warm_starts = off. */
-#define OFF_REASON "warm starts are off (warm_starts = off)"
-
 /* /connect's body. With warm_starts = off, 0 for both: a controller that
  * reads 0 there exits instead of polling (Trigger.dev's run controller,
  * after each run). */
@@ -166,14 +145,6 @@ static void set_connect_body(pl_broker *b, const pl_config *cfg)
                                       "{\"connectionTimeoutMs\":%llu,\"keepaliveMs\":%llu}",
                                       off ? 0ULL : (unsigned long long)cfg->connection_timeout_ms,
                                       off ? 0ULL : (unsigned long long)cfg->keepalive_ms);
-}
-
-/* pl_engine_settle_if's judge for warm_starts = off: every poll goes. */
-static int judge_off(const pl_waiter_info *info, unsigned *tag, const void **why, void *arg)
-{
-    (void)info, (void)tag, (void)arg;
-    *why = OFF_REASON;
-    return 1;
 }
 
 static pl_confirm_opts confirm_opts(const pl_config *cfg)
@@ -202,7 +173,7 @@ pl_broker *pl_broker_new(uv_loop_t *loop, const pl_config *cfg)
     set_connect_body(b, cfg);
     /* confirm last: the only one to set up handles on the loop, which a
      * failure here could not close. */
-    if ((b->engine = pl_engine_new(&opts)) == NULL || make_verifier(cfg, &b->verifier) != 0 ||
+    if ((b->engine = pl_engine_new(&opts)) == NULL || pl_poll_verifier_new(cfg, &b->verifier) != 0 ||
         (b->ring = pl_redirect_new(loop, b->engine, cfg, &b->metrics)) == NULL ||
         (b->status = pl_status_new(loop, b->engine, &b->metrics, cfg)) == NULL ||
         (b->confirm_loop = pl_confirm_loop_new(loop, b->engine, &b->metrics.confirm, &copts,
@@ -211,32 +182,9 @@ pl_broker *pl_broker_new(uv_loop_t *loop, const pl_config *cfg)
         return NULL;
     }
     b->confirm = pl_confirm_loop_confirm(b->confirm_loop);
+    b->diag = pl_status_diag(b->status);
     uv_timer_init(loop, &b->timer);
     return b;
-}
-
-/* Applies a reload's tighter rules to what is parked: token mode and
- * secrets, then lower caps. Each poll refused is answered as a new one
- * would be and counted (revoked, rejected). */
-static void apply_to_parked(pl_broker *b, const pl_config *next)
-{
-    const pl_config *old = b->cfg;
-    pl_poll_rejudge r;
-    size_t revoked = 0, rejected = 0;
-
-    if (pl_poll_rejudge_init(&r, old, next))
-        revoked = pl_engine_settle_if(b->engine, PL_OUTCOME_REVOKED, pl_poll_rejudge_one, &r);
-    /* Warm starts turned off: a non-2xx answer ends a controller's wait
-     * for its next run at once (WarmStartClient returns no run, and the
-     * run controller exits), where a closed poll would be retried. */
-    if (next->warm_starts == PL_WARM_STARTS_OFF && old->warm_starts != PL_WARM_STARTS_OFF)
-        rejected = pl_engine_settle_if(b->engine, PL_OUTCOME_REJECTED, judge_off, NULL);
-    else if (next->max_waiters < old->max_waiters ||
-             next->max_waiters_per_key < old->max_waiters_per_key)
-        rejected = pl_engine_enforce_caps(b->engine);
-    if (revoked + rejected > 0)
-        PL_LOG(PL_LOG_WARN, "reload: parked polls refused under the new settings",
-               "\"revoked\":%zu,\"rejected\":%zu", revoked, rejected);
 }
 
 int pl_broker_reconfigure(pl_broker *b, const pl_config *next)
@@ -246,7 +194,7 @@ int pl_broker_reconfigure(pl_broker *b, const pl_config *next)
     pl_token_verifier *v;
     int rc;
 
-    if ((rc = make_verifier(next, &v)) != 0) {
+    if ((rc = pl_poll_verifier_new(next, &v)) != 0) {
         b->metrics.reloads[1]++;
         return rc;
     }
@@ -256,7 +204,7 @@ int pl_broker_reconfigure(pl_broker *b, const pl_config *next)
     pl_engine_set_opts(b->engine, &opts);
     pl_confirm_set_opts(b->confirm, &copts);
     set_connect_body(b, next);
-    apply_to_parked(b, next);
+    pl_poll_reload_parked(b->engine, b->cfg, next);
     uv_timer_stop(&b->timer);
     timer_arm(b);
     b->metrics.reloads[0]++;
@@ -331,7 +279,7 @@ void pl_broker_park(pl_broker *b, pl_conn *c, const pl_request *req, const pl_ho
     int rc, token;
 
     if (b->cfg->warm_starts == PL_WARM_STARTS_OFF) {
-        pl_conn_respond_error(c, 503, OFF_REASON);
+        pl_conn_respond_error(c, 503, PL_POLL_OFF_REASON);
         return;
     }
     rc = pl_poll_key(req, b->verifier, b->cfg->token_mode == PL_TOKEN_MODE_ENFORCE,
@@ -374,15 +322,16 @@ void pl_broker_park(pl_broker *b, pl_conn *c, const pl_request *req, const pl_ho
 
 /* Answers the dispatcher <c> (NULL: it went away; counted only) with
  * <result>, counts it, and tells the status page of the run <m> (NULL: no
- * key was read): its key the engine found at <spot> (NULL: a
- * confirmation's, the key tagged <tag> by pl_status_tag), offered to a
- * poll of its key or not (<offered>), at <now>. */
+ * key was read): its key, which the engine found at <spot> (NULL: a
+ * confirmation's) and pl_diag_tag() tagged <tag> (0: untagged), offered
+ * to a poll of its key or not (<offered>), at <now>. */
 static void answered(pl_broker *b, pl_conn *c, const pl_message *m, const pl_engine_spot *spot,
                      uint32_t tag, int offered, pl_dispatch_result result,
                      uint64_t waited_ms, uint64_t start_ns, uint64_t now)
 {
     uint64_t took = uv_hrtime() - start_ns;
     pl_diag_dispatch x;
+    int nearest;
 
     if (c != NULL)
         pl_conn_respond_json(c, 200, result == PL_DISPATCH_HIT ? "{\"didWarmStart\":true}"
@@ -393,21 +342,15 @@ static void answered(pl_broker *b, pl_conn *c, const pl_message *m, const pl_eng
     pl_histogram_observe(&b->metrics.dispatch_seconds, (double)took / 1e9);
     if (m == NULL)
         return;
-    x.key = &m->key;
-    x.spot = spot;
-    x.tag = tag;
-    x.payload = m->payload;
-    x.payload_len = m->payload_len;
-    x.result = result;
-    x.offered = offered;
-    x.now = now;
-    x.took_ns = took;
-    x.waited_ms = waited_ms;
-    pl_status_dispatched(b->status, &x);
+    x = (pl_diag_dispatch){&m->key, spot, tag, m->payload, m->payload_len, result, offered,
+                           now, took, waited_ms};
+    nearest = pl_diag_dispatched(b->diag, &x);
+    if (nearest >= 0) /* a miss, classified */
+        b->metrics.miss_nearest[nearest]++;
 }
 
 /* The confirmations' answer: every one follows a delivery attempt. The
- * note is the key's tag (pl_status_tag). */
+ * note is the key's tag (pl_diag_tag). */
 static void answer_dispatch(void *arg, pl_conn *c, const pl_message *m, uint32_t note,
                             pl_dispatch_result result, uint64_t waited_ms, uint64_t start_ns)
 {
@@ -499,14 +442,15 @@ void pl_broker_dispatch(pl_broker *b, pl_conn *c, const pl_request *req, const p
     d.payload = &m;
     vet.m = &m;
     now = uv_now(b->loop);
+    if (spot.entry != NULL) /* the tag rides with the key: found once */
+        pl_diag_tag(b->diag, &spot, now);
     rc = pl_engine_deliver(b->engine, &spot, now, &d);
     if (rc == 0 && pl_redirect_after_miss(b->ring, c, req, hop, &m.key))
         ; /* nothing was delivered here: the run is offered there */
     else if (rc == PL_DELIVERY_PENDING)
-        pl_confirm_start(b->confirm, c, &m, &d, start,
-                         pl_status_tag(b->status, &spot));
+        pl_confirm_start(b->confirm, c, &m, &d, start, spot.note);
     else
-        answered(b, c, &m, &spot, 0, spot.entry != NULL,
+        answered(b, c, &m, &spot, spot.note, spot.entry != NULL,
                  rc == PL_DELIVERED          ? PL_DISPATCH_HIT
                  : rc == PL_DELIVERY_STOPPED ? PL_DISPATCH_ABANDONED
                                              : PL_DISPATCH_MISS,
@@ -604,23 +548,6 @@ int pl_broker_adopt(pl_broker *b, pl_conn *c, const pl_key *key, const char *id,
     pl_conn_set_tag(c, PL_ROUTE_PARK);
     hold_waiter(b, c, w);
     return 0;
-}
-
-void pl_broker_log_ledger(const pl_broker *b)
-{
-    const pl_ledger *l = pl_engine_ledger(b->engine);
-    char settled[PL_OUTCOME__COUNT * 40], *p = settled;
-
-    if (PL_LOG_INFO > pl_log_threshold)
-        return;
-    for (int i = 0; i < PL_OUTCOME__COUNT; i++)
-        p += snprintf(p, sizeof(settled) - (size_t)(p - settled), "%s\"%s\":%llu",
-                      i ? "," : "", pl_outcome_name((pl_outcome)i),
-                      (unsigned long long)l->settled[i]);
-    PL_LOG(PL_LOG_INFO, "ledger",
-           "\"parked_total\":%llu,\"adopted\":%llu,\"parked_now\":%llu,\"settled\":{%s}",
-           (unsigned long long)l->parked_total, (unsigned long long)l->adopted,
-           (unsigned long long)l->parked_now, settled);
 }
 
 void pl_broker_set_draining(pl_broker *b)

@@ -502,29 +502,39 @@ static unsigned tagged(const pl_diag *d, uint32_t tag)
     return tag != 0 && r < d->nrecs && d->recs[r].gen == tag >> 8 ? r : NONE;
 }
 
-uint32_t pl_diag_tag(pl_diag *d, const pl_engine_spot *spot)
+/* pl_diag_tag's way for a spot not tagged yet, or whose tag went stale:
+ * out of line, so that a tagged spot costs a compare and no more. */
+static __attribute__((noinline)) void tag_anew(pl_diag *d, pl_engine_spot *spot, uint64_t now)
 {
     unsigned r = find_rec(d, spot->buf, spot->len, spot->hash);
 
-    if (r == NONE && (r = add_rec(d, spot->buf, spot->len, spot->hash, 0)) == NONE)
-        return 0;
-    d->recs[r].used = 1;
-    return d->recs[r].gen << 8 | r;
+    if (r == NONE)
+        r = add_rec(d, spot->buf, spot->len, spot->hash, now / MINUTE_MS);
+    spot->note = r != NONE ? d->recs[r].gen << 8 | r : 0;
 }
 
-/* Every dispatch but a hit whose key is kept and was found at once: a
- * miss, a key dispatched to for the first time lately or let go, a
- * confirmation whose tag went stale. Out of line, so that the hit's path
+void pl_diag_tag(pl_diag *d, pl_engine_spot *spot, uint64_t now)
+{
+    if (tagged(d, spot->note) == NONE)
+        tag_anew(d, spot, now);
+}
+
+/* Every dispatch but a hit whose key was tagged (pl_diag_tag): a miss, a
+ * dispatch untagged (nothing parked for its key, or memory out), a tag
+ * gone stale (its key let go meanwhile). Out of line, so that the hit's path
  * stays short. <r>: the key's rec, or NONE. */
 static __attribute__((noinline)) int dispatched(pl_diag *d, const pl_diag_dispatch *x,
                                                 unsigned r)
 {
     int hit = x->result == PL_DISPATCH_HIT;
 
-    if (r == NONE && x->spot != NULL)
-        r = add_rec(d, x->spot->buf, x->spot->len, x->spot->hash, x->now / MINUTE_MS);
-    else if (r == NONE)
+    if (r == NONE && x->spot != NULL) {
+        r = find_rec(d, x->spot->buf, x->spot->len, x->spot->hash);
+        if (r == NONE)
+            r = add_rec(d, x->spot->buf, x->spot->len, x->spot->hash, x->now / MINUTE_MS);
+    } else if (r == NONE) {
         r = rec_without_spot(d, x);
+    }
     if (r == NONE)
         return classify_only(d, x);
     d->recs[r].used = 1;
@@ -537,8 +547,7 @@ static __attribute__((noinline)) int dispatched(pl_diag *d, const pl_diag_dispat
 
 int pl_diag_dispatched(pl_diag *d, const pl_diag_dispatch *x)
 {
-    unsigned r = x->spot != NULL ? find_rec(d, x->spot->buf, x->spot->len, x->spot->hash)
-                                 : tagged(d, x->tag);
+    unsigned r = tagged(d, x->tag);
 
     if (r == NONE || x->result != PL_DISPATCH_HIT)
         return dispatched(d, x, r);

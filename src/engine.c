@@ -64,7 +64,8 @@ struct pl_engine_entry {
     pl_waiter *head;   /* utlist: head->qprev is the tail */
     pl_entry *dprev, *dnext; /* in its deployment's bucket (deps) */
     uint32_t count;
-    uint32_t mark;     /* the caller's (pl_engine_spot) */
+    uint32_t mark;     /* the callers' words (pl_engine_spot) */
+    uint32_t note;
     uint32_t keylen;
     uint32_t dhash;    /* its deployment's hash (see id_hash) */
     unsigned char keybytes[];
@@ -199,6 +200,7 @@ int pl_engine_find(const pl_engine *e, const pl_key *key, pl_engine_spot *spot)
     spot->hash = spot->len > 0 ? pl_hash(spot->buf, spot->len, 0) : 0;
     spot->entry = spot->len > 0 ? lookup_hashed(e, spot->buf, spot->len, spot->hash) : NULL;
     spot->mark = spot->entry != NULL ? spot->entry->mark : 0;
+    spot->note = spot->entry != NULL ? spot->entry->note : 0;
     return spot->len > 0 ? 0 : PL_EINVAL;
 }
 
@@ -513,6 +515,7 @@ int pl_engine_park(pl_engine *e, const pl_engine_spot *spot, const char *id, siz
     }
     if (why == NULL) {
         w->entry->mark = spot->mark;
+        w->entry->note = spot->note;
         e->ledger.parked_total++;
         link_waiter(e, w); /* before the old one leaves, so a shared entry stays */
     }
@@ -604,6 +607,7 @@ int pl_engine_deliver(pl_engine *e, const pl_engine_spot *spot, uint64_t now, pl
     if (ent == NULL)
         return 0;
     ent->mark = spot->mark; /* before a delivery may free it */
+    ent->note = spot->note;
     rc = deliver_round(e, &ent, now, d, 0, &skipped);
     /* The ones passed over stay parked, so the entry does too. */
     if (rc == 0 && skipped > 0)

@@ -243,6 +243,50 @@ int pl_poll_rejudge_one(const pl_waiter_info *info, unsigned *tag, const void **
     return 1;
 }
 
+int pl_poll_verifier_new(const pl_config *cfg, pl_token_verifier **out)
+{
+    const char *cur = cfg->token_secret, *prev = cfg->token_secret_previous;
+
+    *out = NULL;
+    if (cfg->token_mode == PL_TOKEN_MODE_DISABLED)
+        return 0;
+    *out = pl_token_verifier_new((const unsigned char *)cur, strlen(cur));
+    if (*out != NULL && *prev != '\0' &&
+        pl_token_verifier_set_previous(*out, (const unsigned char *)prev, strlen(prev)) != 0) {
+        pl_token_verifier_free(*out);
+        *out = NULL;
+    }
+    return *out != NULL ? 0 : -ENOMEM;
+}
+
+/* pl_engine_settle_if's judge for warm_starts = off: every poll goes. */
+static int judge_off(const pl_waiter_info *info, unsigned *tag, const void **why, void *arg)
+{
+    (void)info, (void)tag, (void)arg;
+    *why = PL_POLL_OFF_REASON;
+    return 1;
+}
+
+void pl_poll_reload_parked(pl_engine *e, const pl_config *old, const pl_config *next)
+{
+    pl_poll_rejudge r;
+    size_t revoked = 0, rejected = 0;
+
+    if (pl_poll_rejudge_init(&r, old, next))
+        revoked = pl_engine_settle_if(e, PL_OUTCOME_REVOKED, pl_poll_rejudge_one, &r);
+    /* Warm starts turned off: a non-2xx answer ends a controller's wait
+     * for its next run at once (WarmStartClient returns no run, and the
+     * run controller exits), where a closed poll would be retried. */
+    if (next->warm_starts == PL_WARM_STARTS_OFF && old->warm_starts != PL_WARM_STARTS_OFF)
+        rejected = pl_engine_settle_if(e, PL_OUTCOME_REJECTED, judge_off, NULL);
+    else if (next->max_waiters < old->max_waiters ||
+             next->max_waiters_per_key < old->max_waiters_per_key)
+        rejected = pl_engine_enforce_caps(e);
+    if (revoked + rejected > 0)
+        PL_LOG(PL_LOG_WARN, "reload: parked polls refused under the new settings",
+               "\"revoked\":%zu,\"rejected\":%zu", revoked, rejected);
+}
+
 int pl_poll_expiring(uint64_t parked_at, uint64_t now, uint64_t timeout_ms, uint32_t rtt_us,
                      uint32_t rttvar_us)
 {

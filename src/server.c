@@ -490,8 +490,8 @@ static void on_ring(void *arg, const pl_ring *ring, int self, int agreed)
     pl_broker_ring_changed(arg, ring, self, agreed);
 }
 
-/* A peer's check showed another view: the members may have changed. */
-static void on_stale(void *arg, uint64_t digest, const char *name, size_t len)
+/* A peer's check told its view: the members may have changed. */
+static void on_heard(void *arg, uint64_t digest, const char *name, size_t len)
 {
     server *s = arg;
 
@@ -528,7 +528,7 @@ static int start_peers(server *s)
 
     if (cfg->ring_peers[0] == '\0' && cfg->ring_dns[0] == '\0')
         return 0;
-    pl_redirect_on_stale(pl_broker_ring(s->broker), on_stale, s);
+    pl_redirect_on_heard(pl_broker_ring(s->broker), on_heard, s);
     s->peers = pl_peers_start(&s->loop, &o, on_ring, s->broker, err, sizeof(err));
     if (s->peers == NULL) {
         PL_LOG(PL_LOG_ERROR, "cannot join the ring", "\"error\":\"%s\"", err);
@@ -619,7 +619,7 @@ int pl_server_run(pl_config *cfg, int argc, char **argv, char **envp)
     uv_run(&s.loop, UV_RUN_DEFAULT);
     uv_loop_close(&s.loop);
     if (s.broker != NULL)
-        pl_broker_log_ledger(s.broker);
+        pl_status_log_ledger(pl_broker_status(s.broker));
     pl_http_free(s.http);
     pl_http_free(s.dispatch_http);
     pl_broker_free(s.broker);

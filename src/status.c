@@ -9,6 +9,7 @@
 
 #include "pilotlight/buf.h"
 #include "pilotlight/hash.h"
+#include "pilotlight/log.h"
 #include "pilotlight/mem.h"
 #include "pilotlight/proc.h"
 #include "pilotlight/status.h"
@@ -60,6 +61,23 @@ void pl_status_set_peers(pl_status *st, const pl_peers *p)
     st->peers = p;
 }
 
+void pl_status_log_ledger(const pl_status *st)
+{
+    const pl_ledger *l = pl_engine_ledger(st->engine);
+    char settled[PL_OUTCOME__COUNT * 40], *p = settled;
+
+    if (PL_LOG_INFO > pl_log_threshold)
+        return;
+    for (int i = 0; i < PL_OUTCOME__COUNT; i++)
+        p += snprintf(p, sizeof(settled) - (size_t)(p - settled), "%s\"%s\":%llu",
+                      i ? "," : "", pl_outcome_name((pl_outcome)i),
+                      (unsigned long long)l->settled[i]);
+    PL_LOG(PL_LOG_INFO, "ledger",
+           "\"parked_total\":%llu,\"adopted\":%llu,\"parked_now\":%llu,\"settled\":{%s}",
+           (unsigned long long)l->parked_total, (unsigned long long)l->adopted,
+           (unsigned long long)l->parked_now, settled);
+}
+
 void pl_status_free(pl_status *st)
 {
     if (st == NULL)
@@ -68,17 +86,9 @@ void pl_status_free(pl_status *st)
     pl_free(st);
 }
 
-void pl_status_dispatched(pl_status *st, const pl_diag_dispatch *x)
+pl_diag *pl_status_diag(pl_status *st)
 {
-    int nearest = pl_diag_dispatched(st->diag, x);
-
-    if (nearest >= 0)
-        st->m->miss_nearest[nearest]++;
-}
-
-uint32_t pl_status_tag(pl_status *st, const pl_engine_spot *spot)
-{
-    return pl_diag_tag(st->diag, spot);
+    return st->diag;
 }
 
 void pl_status_token_refused(pl_status *st, const pl_key *key, int token, int enforced,

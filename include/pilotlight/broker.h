@@ -116,9 +116,6 @@ void pl_broker_hand_over(pl_broker *b, pl_waiter *w);
 int pl_broker_adopt(pl_broker *b, pl_conn *c, const pl_key *key, const char *id,
                     size_t id_len, uint64_t age_ms);
 
-/* Logs the ledger (at exit: the last word on every poll this process held). */
-void pl_broker_log_ledger(const pl_broker *b);
-
 /* /readyz answers 503 from now on. */
 void pl_broker_set_draining(pl_broker *b);
 

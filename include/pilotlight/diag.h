@@ -39,9 +39,9 @@ void pl_diag_free(pl_diag *d);
 /* A dispatch answered, as the broker tells it. */
 typedef struct {
     const pl_key *key;
-    /* Where pl_engine_find() found it, or NULL: then its tag, or 0. */
+    /* Where pl_engine_find() found it, or NULL (a confirmation's). */
     const pl_engine_spot *spot;
-    uint32_t tag;
+    uint32_t tag; /* its key's (pl_diag_tag), or 0: looked up by spot or key */
     /* The dequeuedMessage's bytes (valid JSON), read for its run's id when
      * the answer is false; NULL: none kept. */
     const char *payload;
@@ -58,11 +58,13 @@ typedef struct {
  * kept. */
 int pl_diag_dispatched(pl_diag *d, const pl_diag_dispatch *x);
 
-/* A tag for the key at <spot>, whose dispatch will be answered later (a
- * delivery to be confirmed), to give with the answer (pl_diag_dispatch's
- * tag): the key is looked up now, with the spot, and not again. Returns 0
- * when memory is out. */
-uint32_t pl_diag_tag(pl_diag *d, const pl_engine_spot *spot);
+/* Tags the key at <spot>, found with polls parked, before its delivery:
+ * spot->note takes the key's tag, which the engine keeps with the key
+ * while it has polls, so that the next dispatches to it (and a confirmed
+ * delivery's answer, pl_diag_dispatch's tag) find their record without a
+ * lookup. A spot already tagged costs a compare. At <now> (loop ms).
+ * spot->note is 0 when memory is out. */
+void pl_diag_tag(pl_diag *d, pl_engine_spot *spot, uint64_t now);
 
 /* A poll for <key> was refused its deployment token (<enforced>: 401), or
  * found it invalid (token_mode = log: parked all the same), at <now>.

@@ -85,6 +85,7 @@ typedef struct {
     const pl_key *key;             /* the key found (the caller's, not copied) */
     struct pl_engine_entry *entry; /* NULL while nothing is parked for the key */
     uint32_t mark;                 /* the caller's word about the key (below) */
+    uint32_t note;                 /* a second caller's word, kept alike */
     uint32_t hash;                 /* pl_hash() of the encoding, which the engine's own
                                     * lookup computed: a caller's table of keys
                                     * needs no second one (0 when len is 0) */
@@ -96,14 +97,15 @@ typedef struct {
  * while it had waiters, 0 for a key without them: a word the engine gives
  * no meaning, kept from one pl_engine_park() or pl_engine_deliver() to the
  * next as long as the key has a waiter, and forgotten with its last one.
+ * spot->note is a second such word, for a second caller.
  * Returns 0, or PL_EINVAL when the key cannot be encoded. */
 int pl_engine_find(const pl_engine *e, const pl_key *key, pl_engine_spot *spot);
 
 /* Parks a poll from controller <id> (<id_len> bytes, copied) at the place
- * pl_engine_find() gave for its key, keeping spot->mark with the key. An
- * older waiter of the same controller id and the same key deployment is
- * settled REPLACED first; one of another deployment is left alone. Over a
- * cap, the new waiter is settled REJECTED at once (the callback runs
+ * pl_engine_find() gave for its key, keeping spot->mark and spot->note with
+ * the key. An older waiter of the same controller id and the same key
+ * deployment is settled REPLACED first; one of another deployment is left
+ * alone. Over a cap, the new waiter is settled REJECTED at once (the callback runs
  * before this returns). Returns 0 and sets *out when parked, PL_EREJECTED
  * when rejected, PL_ENOMEM or PL_EINVAL (nothing settled, nothing changed)
  * when out of memory or the key could not be encoded. */
@@ -208,9 +210,9 @@ typedef struct {
 } pl_delivery;
 
 /* Offers <d>->payload to the waiters of the key at the place
- * pl_engine_find() gave, in match order, until one takes it (spot->mark is
- * kept with the key while it has waiters left). A waiter whose callback refuses is settled DISCONNECT and the
- * next one is offered. With a vet function, each waiter is vetted first:
+ * pl_engine_find() gave, in match order, until one takes it (spot->mark and
+ * spot->note are kept with the key while it has waiters left). A waiter
+ * whose callback refuses is settled DISCONNECT and the next one is offered. With a vet function, each waiter is vetted first:
  * the ones skipped are offered in a second round, in match order, only
  * when no other took the payload (suspects last). Returns PL_DELIVERED when
  * a waiter took it, PL_DELIVERY_PENDING when the taking waiter's callback

@@ -46,6 +46,19 @@ enum {
 unsigned pl_poll_trust(int token, const pl_token_claims *claims, const pl_key *key,
                        const pl_request *req);
 
+/* What a poll and a parked poll are told while warm_starts = off. */
+#define PL_POLL_OFF_REASON "warm starts are off (warm_starts = off)"
+
+/* Sets *out to a verifier for <cfg>'s secrets, or NULL when tokens are
+ * disabled. Returns 0, or -ENOMEM (*out NULL). */
+int pl_poll_verifier_new(const pl_config *cfg, pl_token_verifier **out);
+
+/* Applies a reload from <old> to <next> to the polls parked in <e>: token
+ * mode and secrets (pl_poll_rejudge), warm_starts turned off, lower caps.
+ * Each poll refused is settled as a new one would be answered (REVOKED,
+ * REJECTED) and the count logged. */
+void pl_poll_reload_parked(pl_engine *e, const pl_config *old, const pl_config *next);
+
 /* A reload's view of the parked polls' tags: they name the secrets of
  * <old>, the configuration in force until now. */
 typedef struct {

@@ -31,13 +31,10 @@ void pl_status_attach(pl_status *st, const pl_http *h);
  * ring, or no longer). <p> must outlive it or be unset first. */
 void pl_status_set_peers(pl_status *st, const pl_peers *p);
 
-/* A dispatch was answered (<x>): kept for /status, and a miss counted by
- * what was parked nearest its key (pilotlight_dispatch_miss_total). */
-void pl_status_dispatched(pl_status *st, const pl_diag_dispatch *x);
-
-/* The key at <spot> of a dispatch to be answered later (its delivery
- * confirmed): a tag to give with the answer (pl_diag_tag). */
-uint32_t pl_status_tag(pl_status *st, const pl_engine_spot *spot);
+/* The diagnosis /status shows, which the broker tells of each dispatch
+ * (pl_diag_tag before its delivery, pl_diag_dispatched once answered)
+ * itself: a hit's path one call deep. */
+pl_diag *pl_status_diag(pl_status *st);
 
 /* A poll for <key> came with a deployment token that did not verify
  * (<token>, a pl_token_result), refused 401 when <enforced>. */
@@ -59,6 +56,10 @@ void pl_status_page(pl_status *st, pl_conn *c, int draining);
 
 /* GET /debug/status: what the page shows, as JSON (docs/protocol.md). */
 void pl_status_json(pl_status *st, pl_conn *c, int draining);
+
+/* Logs the engine's ledger (at exit: the last word on every poll this
+ * process held). */
+void pl_status_log_ledger(const pl_status *st);
 
 void pl_status_free(pl_status *st);
 

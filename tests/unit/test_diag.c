@@ -338,8 +338,9 @@ static void test_one_key_either_way(void)
     pl_engine_free(e);
 }
 
-/* A confirmed delivery's answer names its key by the tag taken when it
- * was written; one whose key was let go meanwhile, by the key itself. */
+/* A dispatch's answer names its key by the tag the key's spot took before
+ * the delivery (kept with the key by the engine: the next tagging is a
+ * compare); one whose key was let go meanwhile, by the key itself. */
 static void test_tags(void)
 {
     pl_engine *e = engine(PL_ORDER_FIFO, 0, 0, 0);
@@ -352,8 +353,11 @@ static void test_tags(void)
     int kept;
 
     pl_engine_find(e, &KA, &spot);
-    tag = pl_diag_tag(d, &spot);
+    pl_diag_tag(d, &spot, 1);
+    tag = spot.note;
     CHECK(tag != 0);
+    pl_diag_tag(d, &spot, 1); /* tagged already: the same */
+    CHECK_EQ(spot.note, tag);
     x = disp(&KB, PL_DISPATCH_HIT, 2, NULL); /* the tag wins over the key */
     x.tag = tag;
     CHECK_EQ(pl_diag_dispatched(d, &x), -1);
@@ -375,9 +379,19 @@ static void test_tags(void)
     CHECK_EQ(pl_diag_dispatched(d, &x), -1);
     w = key_window(d, &KC, 101, &kept);
     CHECK(kept && w.total_hits == 1);
+    /* a spot whose note went stale is tagged anew, for its own key */
+    pl_engine_find(e, &KA, &spot);
+    spot.note = tag;
+    pl_diag_tag(d, &spot, 102);
+    CHECK(spot.note != 0 && spot.note != tag);
+    x = disp(&KB, PL_DISPATCH_HIT, 102, NULL);
+    x.tag = spot.note;
+    CHECK_EQ(pl_diag_dispatched(d, &x), -1);
+    w = key_window(d, &KA, 103, &kept);
+    CHECK(kept && w.total_hits == 1);
     /* every hit is still counted in all, the keys let go too */
     pl_diag_window_all(d, 101, &w);
-    CHECK_EQ(w.total_hits, 2 + PL_DIAG_KEYS);
+    CHECK_EQ(w.total_hits, 3 + PL_DIAG_KEYS);
     pl_diag_free(d);
     pl_engine_free(e);
 }

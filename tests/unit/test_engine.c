@@ -384,8 +384,9 @@ static void test_key_entry_freed(void)
     pl_engine_free(e);
 }
 
-/* The caller's mark on a key: kept from a park or a delivery at a found
- * spot while the key has waiters, per key, and forgotten with the last. */
+/* The callers' mark and note on a key: kept from a park or a delivery at
+ * a found spot while the key has waiters, per key, each apart from the
+ * other, and forgotten with the last. */
 static void test_key_mark(void)
 {
     pl_engine *e = engine(PL_ORDER_FIFO, 0, 0, 0);
@@ -399,13 +400,14 @@ static void test_key_mark(void)
     CHECK_EQ(pl_engine_park(e, &spot, "a", 1, &a, 1, &a.w), PL_EINVAL);
     CHECK_EQ(a.calls, 0);
     CHECK_EQ(pl_engine_find(e, &KA, &spot), 0);
-    CHECK(spot.entry == NULL && spot.mark == 0);
+    CHECK(spot.entry == NULL && spot.mark == 0 && spot.note == 0);
     spot.mark = 7;
+    spot.note = 70;
     CHECK_EQ(pl_engine_park(e, &spot, "a", 1, &a, 1, &a.w), 0);
     CHECK_EQ(pl_engine_find(e, &KA, &spot), 0);
-    CHECK(spot.entry != NULL && spot.mark == 7);
+    CHECK(spot.entry != NULL && spot.mark == 7 && spot.note == 70);
     CHECK_EQ(pl_engine_find(e, &KB, &spot), 0); /* another key: its own */
-    CHECK(spot.entry == NULL && spot.mark == 0);
+    CHECK(spot.entry == NULL && spot.mark == 0 && spot.note == 0);
     CHECK_EQ(park(e, &KB, "c", &c, 2), 0);      /* pl_engine_park leaves it 0 */
     CHECK_EQ(pl_engine_find(e, &KB, &spot), 0);
     CHECK_EQ(spot.mark, 0);
@@ -416,19 +418,21 @@ static void test_key_mark(void)
     CHECK_EQ(pl_engine_park(e, &spot, "b", 1, &b, 3, &b.w), 0);
     CHECK_EQ(pl_engine_find(e, &KA, &spot), 0);
     CHECK_EQ(spot.mark, 8);
+    CHECK_EQ(spot.note, 70);
     spot.mark = 9;
+    spot.note = 90;
     d.payload = &payload;
     CHECK_EQ(pl_engine_deliver(e, &spot, 4, &d), PL_DELIVERED);
     CHECK(d.owner == &a && a.outcome == PL_OUTCOME_MATCHED);
     CHECK_EQ(pl_engine_find(e, &KA, &spot), 0);
-    CHECK_EQ(spot.mark, 9);
+    CHECK(spot.mark == 9 && spot.note == 90);
 
     /* The last waiter takes the mark with it. */
     spot.mark = 10;
     CHECK_EQ(pl_engine_deliver(e, &spot, 5, &d), PL_DELIVERED);
     CHECK(d.owner == &b);
     CHECK_EQ(pl_engine_find(e, &KA, &spot), 0);
-    CHECK(spot.entry == NULL && spot.mark == 0);
+    CHECK(spot.entry == NULL && spot.mark == 0 && spot.note == 0);
     CHECK_EQ(pl_engine_deliver(e, &spot, 6, &d), 0);
     CHECK_EQ(pl_engine_key_count(e), 1);
     pl_engine_free(e);
