@@ -178,6 +178,7 @@ static void rebuild(pl_peers *p)
 }
 
 static void resolve(pl_peers *p);
+static void check_start(pl_peers *p, cand *c, uint64_t now);
 
 /* A view other than ours was seen: the DNS name is looked up again now, or
  * on the next tick if it was a moment ago. */
@@ -197,14 +198,22 @@ static void stale(pl_peers *p)
 
 void pl_peers_heard(pl_peers *p, uint64_t digest, const char *name, size_t len)
 {
-    (void)name, (void)len; /* a trigger only: the name is not taken as a member */
-    if (p != NULL && digest != p->digest)
+    cand *c;
+
+    if (p == NULL || p->stopping)
+        return;
+    if (digest != p->digest)
         stale(p);
+    /* A trigger only: the name is never taken as a member. A member we
+     * count whose view moved is asked again now; its answer settles
+     * "agreed" (and the moves that wait for it), one check per change. */
+    c = find(p, name, len);
+    if (c != NULL && !c->self && !c->gone && c->has_view && c->view != digest && !c->busy &&
+        !c->recheck && !(c->open && !c->ready))
+        check_start(p, c, uv_now(p->loop));
 }
 
 /* ---- one check ---- */
-
-static void check_start(pl_peers *p, cand *c, uint64_t now);
 
 static void on_closed(uv_handle_t *h)
 {
@@ -235,24 +244,19 @@ static void read_view(cand *c)
 {
     pl_peers *p = c->p;
     const pl_h1_response *a = &c->answer;
-    char v[PL_H1_VALUE_MAX + 1], name[PL_RING_NAME_MAX];
-    unsigned long long view, ms;
+    pl_ring_view rv;
+    const char *name = rv.name;
     struct timespec ts;
-    int n = 0;
 
     c->has_view = 0;
-    if (!a->has_value)
-        return;
-    memcpy(v, a->value, a->value_len);
-    v[a->value_len] = '\0';
-    if (sscanf(v, "%16llx %13llu %63s%n", &view, &ms, name, &n) != 3 || v[n] != '\0')
+    if (!a->has_value || pl_ring_view_read(a->value, a->value_len, 1, &rv) != 0)
         return; /* not a view this build reads: as if none */
     clock_gettime(CLOCK_REALTIME, &ts);
     c->has_view = 1;
-    c->view = view;
+    c->view = rv.digest;
     /* Its clock at its answer, against ours half a round trip before we
      * read it. */
-    c->skew_ms = (int64_t)ms - ((int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000 -
+    c->skew_ms = (int64_t)rv.ms - ((int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000 -
                                 (int64_t)(uv_now(p->loop) - c->started) / 2);
     if (strcmp(name, c->name) != 0 && !c->warned) {
         c->warned = 1;
@@ -263,7 +267,7 @@ static void read_view(cand *c)
                                         "cannot agree; name each member once, alike everywhere",
                "\"member\":\"%s\",\"says\":\"%s\"", c->name, name);
     }
-    if (view != p->digest)
+    if (rv.digest != p->digest)
         stale(p);
 }
 

@@ -18,8 +18,8 @@ struct pl_redirect {
     pl_cluster cluster;
     char self[PL_RING_NAME_MAX]; /* this instance's name, as last a member */
     pl_cluster_replay replay;    /* signatures taken */
-    pl_redirect_stale_fn stale;  /* a peer's check shows another view */
-    void *stale_arg;
+    pl_redirect_heard_fn heard;  /* a peer's check told its view */
+    void *heard_arg;
     uv_timer_t sweep; /* moves polls parked here for another's key; set
                        * up with the ring, as the ring's only handle */
     int sweep_ready;  /* ... it has been */
@@ -184,24 +184,17 @@ size_t pl_redirect_view_header(const pl_redirect *r, char *buf, size_t cap)
 
 void pl_redirect_heard(pl_redirect *r, const char *value, size_t len)
 {
-    char v[PL_RING_NAME_MAX + 24], name[PL_RING_NAME_MAX];
-    unsigned long long digest;
-    int n = 0;
+    pl_ring_view v;
 
-    if (!r->cluster.on || r->stale == NULL || len >= sizeof(v))
-        return;
-    memcpy(v, value, len);
-    v[len] = '\0';
-    if (sscanf(v, "%16llx %63s%n", &digest, name, &n) != 2 || v[n] != '\0')
+    if (!r->cluster.on || r->heard == NULL || pl_ring_view_read(value, len, 0, &v) != 0)
         return; /* not what a member sends: nothing to act on */
-    if (digest != r->cluster.digest)
-        r->stale(r->stale_arg, digest, name, strlen(name));
+    r->heard(r->heard_arg, v.digest, v.name, strlen(v.name));
 }
 
-void pl_redirect_on_stale(pl_redirect *r, pl_redirect_stale_fn fn, void *arg)
+void pl_redirect_on_heard(pl_redirect *r, pl_redirect_heard_fn fn, void *arg)
 {
-    r->stale = fn;
-    r->stale_arg = arg;
+    r->heard = fn;
+    r->heard_arg = arg;
 }
 
 /* ---- a request ---- */

@@ -87,9 +87,11 @@ size_t pl_peers_each(const pl_peers *p, void (*fn)(const pl_peer_info *info, voi
  * checks of the others go on. */
 void pl_peers_leave(pl_peers *p);
 
-/* A peer's check said its view is <digest> (and its name <name>, <len>
+/* A peer's check said its view is <digest> and its name <name> (<len>
  * bytes): a view other than this instance's makes the DNS name be looked
- * up again soon. */
+ * up again soon; a view other than the peer's last answer said makes the
+ * peer be checked now, so that whether the views agree is known within a
+ * round trip of its change rather than at the next tick. */
 void pl_peers_heard(pl_peers *p, uint64_t digest, const char *name, size_t len);
 
 /* Takes up new settings (a reload): candidates no longer named go, new ones

@@ -60,15 +60,15 @@ void pl_redirect_ring_changed(pl_redirect *r, const pl_ring *ring, int self, int
  * CRLF, into <buf> (<cap> bytes). Returns its length, 0 without a ring. */
 size_t pl_redirect_view_header(const pl_redirect *r, char *buf, size_t cap);
 
-/* Called when a peer's check shows a view other than this instance's:
- * <digest> and its name (<len> bytes). */
-typedef void (*pl_redirect_stale_fn)(void *arg, uint64_t digest, const char *name, size_t len);
+/* Called with the view a peer's check carried: <digest> and the peer's
+ * name (<len> bytes). */
+typedef void (*pl_redirect_heard_fn)(void *arg, uint64_t digest, const char *name, size_t len);
 
 /* A peer's check carried <value> (<len> bytes; its X-PL-Ring: "<view
- * digest> <name>"): a view other than this instance's is told to the
- * function pl_redirect_on_stale() set. */
+ * digest> <name>"): told to the function pl_redirect_on_heard() set, which
+ * compares it with this instance's view and with the peer's last answer. */
 void pl_redirect_heard(pl_redirect *r, const char *value, size_t len);
-void pl_redirect_on_stale(pl_redirect *r, pl_redirect_stale_fn fn, void *arg);
+void pl_redirect_on_heard(pl_redirect *r, pl_redirect_heard_fn fn, void *arg);
 
 /* No ring any more (a reload): every request is served here. */
 void pl_redirect_off(pl_redirect *r);

@@ -284,8 +284,10 @@ static int checked_again(void)
     return 1;
 }
 
+static uint64_t check_ms = 30;
+
 /* Starts pl_peers over <n> fake peers and this instance (at port 1, never
- * asked), checks every 30 ms, a check's timeout 60 ms. */
+ * asked), checks every check_ms (30 ms), a check's timeout 60 ms. */
 static pl_peers *start(int n)
 {
     char list[256], err[128];
@@ -303,7 +305,7 @@ static pl_peers *start(int n)
     o.self = "127.0.0.1:1";
     o.self_host = "127.0.0.1";
     o.self_port = 1;
-    o.check_ms = 30;
+    o.check_ms = check_ms;
     o.timeout_ms = 60;
     o.resolve_ms = 1000;
     o.skew_ms = &skew_ms;
@@ -486,6 +488,46 @@ static void test_views_agree(void)
     finish(ps, 2);
 }
 
+static unsigned checks_of_1;
+
+static int peer_1_checked(void)
+{
+    return peers[1].checks > checks_of_1;
+}
+
+/* A peer's check telling a view other than its last answer did makes it
+ * be checked at once, not at the next tick: "agreed" follows its change
+ * within a round trip. One that tells the same view asks for nothing. */
+static void test_a_view_heard_is_checked_at_once(void)
+{
+    char name[32];
+    pl_peers *ps;
+    int n;
+
+    for (int i = 0; i < 2; i++) {
+        peer_start(&peers[i], READY);
+        peers[i].with_view = 1;
+        snprintf(peers[i].name, sizeof(peers[i].name), "127.0.0.1:%u", (unsigned)peers[i].port);
+    }
+    peers[0].view = peers[1].view = full_view(2);
+    check_ms = 60000; /* the tick: the first, at start, only */
+    ps = start(2);
+    CHECK(run_until(agreed_three, 5000));
+    n = snprintf(name, sizeof(name), "127.0.0.1:%u", (unsigned)peers[1].port);
+    checks_of_1 = peers[1].checks;
+    pl_peers_heard(ps, full_view(2), name, (size_t)n); /* what it said before */
+    CHECK(!run_until(peer_1_checked, 300));
+    peers[1].view = 777;
+    pl_peers_heard(ps, 777, name, (size_t)n);
+    CHECK(run_until(disagreed, 2000));
+    peers[1].view = full_view(2);
+    pl_peers_heard(ps, full_view(2), name, (size_t)n);
+    CHECK(run_until(agreed_three, 2000));
+    pl_peers_heard(ps, 5, "127.0.0.1:2", 11); /* no member by that name */
+    check_ms = 30;
+    finish(ps, 2);
+}
+
 static int two_and_agreed(void)
 {
     return last_ring.n == 2 && last_agreed == 1;
@@ -556,6 +598,7 @@ int main(void)
     RUN(test_silence);
     RUN(test_leave);
     RUN(test_views_agree);
+    RUN(test_a_view_heard_is_checked_at_once);
     RUN(test_alias_of_self);
     RUN(test_reconfigure);
     CHECK_EQ(uv_loop_close(&loop), 0);
