@@ -207,32 +207,37 @@ def test_a_sighup_storm_at_start_kills_no_start(tmp_path):
         p = subprocess.Popen([BIN, "--listen", f"{HOST}:0", "--config", str(conf)],
                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                              stderr=subprocess.PIPE, env=env)
-        assert signals_blocked(p.pid), "the signals are not held at start"
-        deadline = time.monotonic() + 0.1
-        while time.monotonic() < deadline and p.poll() is None:
-            p.send_signal(signal.SIGHUP)
-            time.sleep(0.001)
-        listening = False
-        lines = []
-        end = time.monotonic() + 20
-        while not listening and time.monotonic() < end and p.poll() is None:
-            line = p.stderr.readline()
-            lines.append(line)
-            listening = b'"msg":"listening"' in line
-        while b'"reloaded"' not in b"".join(lines) and time.monotonic() < end and \
-                p.poll() is None:
-            lines.append(p.stderr.readline())
-        alive = p.poll() is None
-        p.send_signal(signal.SIGTERM)
         try:
-            rest, _ = p.communicate(timeout=10)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            rest, _ = p.communicate()
-        text = b"".join(lines) + (rest or b"")
-        assert alive and listening, (attempt, p.returncode, text[-2000:])
-        assert b'"reloaded"' in text, (attempt, text[-2000:])
-        assert p.returncode == 0, (attempt, p.returncode, text[-2000:])
+            assert signals_blocked(p.pid), "the signals are not held at start"
+            deadline = time.monotonic() + 0.1
+            while time.monotonic() < deadline and p.poll() is None:
+                p.send_signal(signal.SIGHUP)
+                time.sleep(0.001)
+            listening = False
+            lines = []
+            end = time.monotonic() + 20
+            while not listening and time.monotonic() < end and p.poll() is None:
+                line = p.stderr.readline()
+                lines.append(line)
+                listening = b'"msg":"listening"' in line
+            while b'"reloaded"' not in b"".join(lines) and time.monotonic() < end and \
+                    p.poll() is None:
+                lines.append(p.stderr.readline())
+            alive = p.poll() is None
+            p.send_signal(signal.SIGTERM)
+            try:
+                rest, _ = p.communicate(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                rest, _ = p.communicate()
+            text = b"".join(lines) + (rest or b"")
+            assert alive and listening, (attempt, p.returncode, text[-2000:])
+            assert b'"reloaded"' in text, (attempt, text[-2000:])
+            assert p.returncode == 0, (attempt, p.returncode, text[-2000:])
+        finally:
+            if p.poll() is None:  # a failed check leaves no process behind
+                p.kill()
+                p.wait()
 
 
 def test_messages_an_operator_can_read(tmp_path):

@@ -1,5 +1,5 @@
 """Scale-out without a proxy: the key ring changing under load, behind a
-Kubernetes-style L4 Service (tests/ring_lab.py).
+Kubernetes-style L4 Service (tests/harness/ring_lab.py).
 
 Three pilotlight instances, a virtual IP DNATed at random to the ready ones
 (nftables, a readiness probe every 200 ms), 300 controllers over 100 keys

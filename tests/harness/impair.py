@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-REPO_ROOT = HERE.parent
+REPO_ROOT = HERE.parents[1]
 COMPAT = REPO_ROOT / "tests" / "compat"
 SRV_IP = "10.78.0.1"
 CTL_IPS = [f"10.78.1.{i}" for i in range(1, 9)]

@@ -74,9 +74,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import impair  # noqa: E402  (namespaces, processes in them, node_modules)
 
-REPO_ROOT = HERE.parent
+REPO_ROOT = HERE.parents[1]
 COMPAT = REPO_ROOT / "tests" / "compat"
-EXAMPLE_PATH = HERE / "blackbox" / "data" / "dequeued-message.json"
+EXAMPLE_PATH = REPO_ROOT / "tests" / "blackbox" / "data" / "dequeued-message.json"
 CHART_VALUES = REPO_ROOT / "deploy" / "helm" / "pilotlight" / "values.yaml"
 ADDRS = [f"10.77.0.{i}" for i in range(1, 5)]
 ALIASES = [f"10.77.0.{i}" for i in range(11, 15)]  # a second address of ADDRS[i]
