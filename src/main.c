@@ -40,14 +40,7 @@ static int raise_fd_limit(pl_config *cfg, pl_config_fds *fds)
  * maps the libraries, no program can catch. */
 __attribute__((constructor)) static void hold_signals(void)
 {
-    sigset_t set;
-
-    sigemptyset(&set);
-    sigaddset(&set, SIGHUP);
-    sigaddset(&set, SIGUSR2);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGINT);
-    sigprocmask(SIG_BLOCK, &set, NULL);
+    pl_server_hold_signals(SIG_BLOCK);
 }
 
 int main(int argc, char **argv)

@@ -235,9 +235,7 @@ static int listen_all(server *s, pl_http *h, const pl_listen_addr *addr, const c
     return rc;
 }
 
-/* The signals main() blocked from its first instruction: delivered now,
- * to the handlers just set up, should one have come meanwhile. */
-static void unhold_signals(void)
+void pl_server_hold_signals(int how)
 {
     sigset_t set;
 
@@ -246,7 +244,7 @@ static void unhold_signals(void)
     sigaddset(&set, SIGUSR2);
     sigaddset(&set, SIGTERM);
     sigaddset(&set, SIGINT);
-    sigprocmask(SIG_UNBLOCK, &set, NULL);
+    sigprocmask(how, &set, NULL);
 }
 
 /* The limits of a listener serving <serves>: the dispatch listener of a
@@ -572,7 +570,8 @@ static int start(server *s)
     uv_signal_start(&s->sigint, on_signal, SIGINT);
     uv_signal_start(&s->sighup, on_sighup, SIGHUP);
     uv_signal_start(&s->sigusr2, on_sigusr2, SIGUSR2);
-    unhold_signals();
+    /* delivered now, to the handlers just set up, should one have come */
+    pl_server_hold_signals(SIG_UNBLOCK);
     if (fdvar != NULL) {
         if ((rc = adopt(s, fdvar)) != 0)
             return rc;
