@@ -643,6 +643,8 @@ def run_cell(net, mode, server_args=(), *, rtt_ms=0.0, jitter_ms=0.0, loss=0.0, 
     everything. Returns a dict: tally()'s figures for all runs, "by_group"
     (the same for runs of raw and of node keys), the measured connect RTT,
     the wire's and the broker's counters, and the wall time."""
+    if str(REPO_ROOT / "tests") not in sys.path:  # run from loadtest/
+        sys.path.insert(0, str(REPO_ROOT / "tests"))
     from conftest import EXAMPLE, Metrics, Server  # the suite's helpers
 
     wall = time.monotonic()

@@ -1375,6 +1375,11 @@ def window_figures(lab, m, records, got, pauses, procs, chains):
     last = max((x["at_s"] for x in f["missed"]), default=None)
     f["late_s"] = (None if last is None else
                    round(last - (f["first_seen_s"] or 0.0), 3))
+    # each miss after the latest moment an instance took the change before
+    # it: the misses of a change come as each instance takes it
+    f["after_change_s"] = max((round(x["at_s"] - max([s for s in seen.values()
+                                                      if s <= x["at_s"]], default=0.0), 3)
+                               for x in f["missed"]), default=None)
     f["causes"] = {}
     for miss in f["missed"]:
         miss["cause"] = classify(miss, m["name"], m["members_before"], m["members_after"], seen)

@@ -51,16 +51,18 @@ from conftest import BIN
 # window before any event misses (none in every run measured) is not
 # subtracted.
 MISSES_MAX = 3
-# The last miss of a join, a drain or a return, after the first instance
-# that counted the change (the newcomer itself, the drained one).
+# Each miss of a join, a drain or a return, after the latest moment an
+# instance counted the change before it (the first: the newcomer itself,
+# the drained one). Staggered over STAGGER_S, each instance's taking the
+# change is a moment where a dispatch in flight may miss: a dispatch the
+# newcomer sends on to a key's old owner as that one moves the key's polls
+# (cause stale_hop).
 LATE_MAX_S = 1.0
 # A SIGKILL: what the back-off of the cut controllers and the Service's
 # probe period cost on top (measured 1-9 per kill), and the back-off's
 # second plus a redirect.
 KILL_MISSES_MAX = 12
 KILL_RECOVERY_MAX_S = 1.5
-# Causes (ring_lab.CAUSES) that are the ring's own doing.
-RING_CAUSES = ("early", "in_flight", "stale_hop", "stale_307", "backoff_refused_307")
 NODE_KEYS = range(20)  # 60 controllers: the real client on 20 of the 100 keys
 # A change reaches the instances over this long: within ring_resolve_ms
 # (5 s), as DNS caches that expire at different moments, or reloads done
@@ -134,14 +136,12 @@ def test_an_event_costs_a_few_misses_for_under_a_second(request, seq, event):
     assert f["all_seen_s"] is not None, f"{event}: not every instance counted it\n{text}"
     if event != "kill":
         assert f["ring_total"]["moved"] > 0 and f["ring_total"]["redirects_dispatch"] > 0, text
-    ours = sum(n for cause, n in f["causes"].items() if cause in RING_CAUSES)
-    assert ours <= MISSES_MAX, f"{event}: {ours} misses of the ring's making ({f['causes']})\n{text}"
     if event == "kill":
         assert f["misses"] <= KILL_MISSES_MAX, f"kill: {f['misses']} misses ({f['causes']})\n{text}"
         assert f["recovery_s"] <= KILL_RECOVERY_MAX_S, \
             f"kill: last miss {f['recovery_s']:.2f} s after it ({f['causes']})\n{text}"
         return
     assert f["misses"] <= MISSES_MAX, f"{seq} {event}: {f['misses']} misses ({f['causes']})\n{text}"
-    assert f["misses"] == 0 or f["late_s"] <= LATE_MAX_S, \
-        f"{seq} {event}: last miss {f['late_s']:.2f} s after the first instance counted the " \
-        f"change ({f['causes']})\n{text}"
+    assert f["misses"] == 0 or f["after_change_s"] <= LATE_MAX_S, \
+        f"{seq} {event}: a miss {f['after_change_s']:.2f} s after the last instance that had " \
+        f"counted the change by then ({f['causes']})\n{text}"
