@@ -8,7 +8,8 @@ the commands as they were run.
     bench_report.py RESULTS.jsonl [--meta META.json] [--commands COMMANDS.jsonl]
 
 RESULTS: pl-loadgen's JSON lines with the bench's system and setting, and
-those of bench_modes.py, bench_impaired.py and loadtest/callgrind --json.
+those of bench_modes.py, bench_impaired.py, loadtest/callgrind --json and
+loadtest/syscalls --json.
 META: what the bench knew of the run (command, wall time, commit, machine,
 versions, settings). COMMANDS: one line per command the bench ran, with
 placeholders for ports and pids."""
@@ -23,6 +24,7 @@ SYSTEMS = ["machine", "pilotlight", "pilotlight-written", "pilotlight-confirm", 
            "bun-compiled", "bun", "node", "nchan", "nginx-204"]
 MODES = ("written", "confirm")
 CONFIRM_OVER_WRITTEN = 1.10   # confirm's CPU (and instructions) per cycle, at most
+SYSCALLS_SHOWN = 0.01         # system calls per cycle under which a call gets no row
 DELACK_MIN_MS, DELACK_MAX_MS = 40.0, 200.0  # Linux's delayed-ACK timer bounds
 
 
@@ -322,6 +324,73 @@ def modes_table(g, out):
     out.append("")
 
 
+# ---- system calls -----------------------------------------------------------------
+
+def syscalls_settings(g):
+    return settings_of(g, "syscalls", "rate") + settings_of(g, "syscalls", "closed")
+
+
+def syscalls_what(st):
+    return "closed loop" if st == "closed" else f"{setting_value(st, 'rate')} cycles/s offered"
+
+
+def syscalls_rounds(g, setting, mode, names=()):
+    """loadtest/syscalls's rounds of <mode> in <setting> as Runs, one record
+    per round (calls_per_cycle; but_wait, the same without epoll_wait;
+    by_call.<call> for every call of <names> and of the rounds), or None.
+    A call a round did not make is 0 there; one its setup window made more
+    often than the measured one (a fraction of a call per thousand cycles:
+    the subtraction's noise) is 0 too."""
+    recs = g.get(("syscalls", setting, f"pilotlight-{mode}"))
+    if not recs:
+        return None
+    rounds = [r for rec in recs for r in rec.get("per_round", [rec])]
+    names = set(names) | {k for r in rounds for k in r["by_call"]}
+    return Runs([dict(r, by_call={k: max(r["by_call"].get(k, 0.0), 0.0) for k in names},
+                      but_wait=r["calls_per_cycle"] - r["by_call"].get("epoll_wait", 0.0))
+                 for r in rounds])
+
+
+def syscalls_compared(g):
+    """[(setting, written Runs, confirm Runs)] where both modes were counted,
+    each with the calls of both."""
+    out = []
+    for st in syscalls_settings(g):
+        recs = [r for m in MODES for r in g.get(("syscalls", st, f"pilotlight-{m}"), [])]
+        names = {k for rec in recs for r in rec.get("per_round", [rec]) for k in r["by_call"]}
+        w, c = (syscalls_rounds(g, st, m, names) for m in MODES)
+        if w and c:
+            out.append((st, w, c))
+    return out
+
+
+def syscalls_table(g, out):
+    rows = syscalls_compared(g)
+    if not rows:
+        return
+    out.append("**System calls per match cycle, each mode alone (`strace -c -f` over a fixed "
+               "number of cycles, the connections' own calls taken off), by call**\n")
+    out.extend(head(["setting", "call", "rounds", "`written`", "`confirm`", "confirm ÷ written"]))
+    for st, w, c in rows:
+        tw, tc = w.median("calls_per_cycle"), c.median("calls_per_cycle")
+        out.append(row([syscalls_what(st), "all", f"{len(w.recs)} + {len(c.recs)}",
+                        cell(w, "calls_per_cycle", 2), cell(c, "calls_per_cycle", 2),
+                        f"{tc / tw:.3f}"]))
+        # The wake-ups follow the machine's timing; the rest follow the cycles.
+        bw, bc = w.median("but_wait"), c.median("but_wait")
+        out.append(row(["", "all but `epoll_wait`", "", cell(w, "but_wait", 2),
+                        cell(c, "but_wait", 2), f"{bc / bw:.3f}"]))
+        med = {k: (w.median(f"by_call.{k}"), c.median(f"by_call.{k}"))
+               for k in w.recs[0]["by_call"]}
+        for k, (mw, mc) in sorted(med.items(), key=lambda kv: -sum(kv[1])):
+            if max(mw, mc) < SYSCALLS_SHOWN:
+                continue
+            out.append(row(["", f"`{k}`", "", cell(w, f"by_call.{k}", 2),
+                            cell(c, f"by_call.{k}", 2),
+                            f"{mc / mw:.2f}" if mw >= SYSCALLS_SHOWN else "–"]))
+    out.append("")
+
+
 # ---- impaired network ------------------------------------------------------------
 
 def delack_allowance_ms(rtt_ms):
@@ -450,6 +519,11 @@ def targets(g, meta):
         x = c.median(path) / w.median(path)
         rows.append((f"`confirm` ≤ {CONFIRM_OVER_WRITTEN:.2f} × `written`: {what}", f"{x:.3f}×",
                      verdict(x <= CONFIRM_OVER_WRITTEN)))
+    for st, w, c in syscalls_compared(g):
+        tw, tc = w.median("calls_per_cycle"), c.median("calls_per_cycle")
+        rows.append((f"`confirm` beside `written`: system calls per cycle, {syscalls_what(st)} "
+                     "(strace; reported, not a target)",
+                     f"{tc:.2f} vs {tw:.2f} = {tc / tw:.3f}×", "–"))
     by_setting = defaultdict(list)
     for (st, _), sl in modes_rounds(g).items():
         x = modes_ratio(sl)[0]
@@ -516,7 +590,8 @@ def header(meta, out):
     out.append(row(["references", f"Bun {meta.get('bun', '?')}, Node {meta.get('node', '?')}, "
                     f"{meta.get('nginx', '?')} with Nchan {meta.get('nchan', '?')}, wrk "
                     f"{meta.get('wrk', '?')}"]))
-    out.append(row(["tools", f"{meta.get('valgrind', '?')}, {meta.get('python', '?')}"]))
+    out.append(row(["tools", f"{meta.get('valgrind', '?')}, {meta.get('strace', '?')}, "
+                    f"{meta.get('python', '?')}"]))
     out.append("")
 
 
@@ -536,9 +611,11 @@ def results(g, meta, out):
                 out.append(text + "\n")
             for k in keys:
                 table(g, k, out)
-    if modes_compared(g, meta.get("default_delivery")) or modes_rounds(g):
+    if (modes_compared(g, meta.get("default_delivery")) or modes_rounds(g)
+            or syscalls_compared(g)):
         out.append("### `confirm` against `written`\n")
         modes_compared_table(g, meta.get("default_delivery"), out)
+        syscalls_table(g, out)
         modes_table(g, out)
     if impaired_cells(g) or skipped(g, "impaired"):
         out.append("### Dispatch latency at a distance\n")
@@ -573,7 +650,7 @@ def method(meta, commands, out):
         f"- **Pinning.** One system at a time, each server under `taskset -c 0`, the generator "
         f"(`pl-loadgen`, or `wrk`) under `taskset -c 1`, a fresh port for every server.\n"
         f"- **Runs.** cycle, idle, churn and scale run {meta.get('runs', '?')} times per system "
-        f"and setting (instructions and impaired: rounds, below); "
+        f"and setting (instructions, syscalls and impaired: rounds, below); "
         f"a cell is the median over the runs with min–max in brackets, and ratios are of "
         f"medians. cycle and scale keep one server per system, after a warm-up run, and warm up "
         f"1 s inside each run; idle and churn start a fresh server for each run.\n"
@@ -618,6 +695,23 @@ def method(meta, commands, out):
         f"user-space instructions ÷ dispatches. Rounds: {v('CALLGRIND_RUNS')}, each mode once, "
         f"which goes first alternating. Instructions do not move with the machine, so they judge the "
         f"differences CPU time cannot.\n"
+        f"- **syscalls**: `loadtest/syscalls` starts the bench's pilotlight on CPU 0, a fresh "
+        f"one per round and mode, warms it with pl-loadgen's cycle (500 controllers, 50 "
+        f"dispatchers, 30 keys, on CPU 1) at {v('SYSCALLS_RATE')} cycles/s, then counts its "
+        f"system calls with `strace -c -f -p PID` over windows that each hold one whole "
+        f"pl-loadgen run: {v('SYSCALLS_CYCLES')} cycles at {v('SYSCALLS_RATE')} cycles/s, the "
+        f"closed loop for as long, and 2 cycles, whose calls (connecting, parking and closing "
+        f"the 550 connections, which every window holds) are taken off the others'. A "
+        f"window's cycles are the difference of `pilotlight_dispatch_total` read before and "
+        f"after it with strace detached. Rounds: {v('SYSCALLS_RUNS')}, which mode goes first "
+        f"alternating; a cell is the median over the rounds. strace stops the server at every "
+        f"call, so the server runs slower than untraced: the figure is calls, not time. The "
+        f"reads and writes per cycle do not depend on timing. How `confirm` learns each ACK "
+        f"does (`ioctl`: a look at the send queue; `sendmsg`, `recvmsg`, `epoll_ctl`: a "
+        f"report asked for and read), and so do the wake-ups (`epoll_wait`, one per turn of "
+        f"the loop, which serves every cycle ready by then: few in the closed loop, or "
+        f"wherever the traced server falls behind), which is why the table also gives the "
+        f"total without them.\n"
         f"- **impaired**: the test suite's impaired-network harness (`tests/harness/impair.py`): "
         f"pilotlight and the dispatcher in one network namespace, 48 controllers over 4 keys in "
         f"another (half keep their connection after a run, half close it; each works "

@@ -231,9 +231,10 @@ def test_bench_report_writes_the_whole_page(start_server, tmp_path):
     with their verdicts, the tables and the method with the commands run.
     From real pl-loadgen lines of pilotlight in each delivery mode (the
     default, confirm, labelled plain `pilotlight`, as the bench runs it) and
-    hand-made lines of the instructions and impaired scenarios, it judges
-    confirm against written and the latency allowance per RTT, says a quick
-    run is one, and stays within the page's length and wording rules."""
+    hand-made lines of the instructions, syscalls and impaired scenarios, it
+    judges confirm against written and the latency allowance per RTT, puts
+    the system calls beside them unjudged, says a quick run is one, and
+    stays within the page's length and wording rules."""
     recs = []
     for system, flags in (("pilotlight-written", ("--delivery", "written")), ("pilotlight", ())):
         srv = start_server(*flags)
@@ -245,6 +246,12 @@ def test_bench_report_writes_the_whole_page(start_server, tmp_path):
         recs.append({"scenario": "instructions", "system": f"pilotlight-{mode}",
                      "setting": "rate400", "round": 1, "cycles": 800,
                      "instructions": ipc * 800, "instructions_per_cycle": ipc})
+    for mode, calls in (("written", {"read": 2.0, "writev": 2.0, "epoll_wait": 1.5}),
+                        ("confirm", {"read": 2.0, "writev": 1.9, "sendmsg": 0.1, "ioctl": 1.0,
+                                     "epoll_wait": 1.1})):
+        rnd = {"cycles": 2000, "calls_per_cycle": sum(calls.values()), "by_call": calls}
+        recs.append({"scenario": "syscalls", "system": f"pilotlight-{mode}",
+                     "setting": "rate2000", "rounds": 1, "per_round": [rnd], **rnd})
     for rtt, measured, p50 in ((20, 20.6, 25.0), (200, 201.0, 450.0)):
         for mode in ("confirm", "written"):
             recs.append({"scenario": "impaired", "setting": f"rtt{rtt}",
@@ -288,6 +295,9 @@ def test_bench_report_writes_the_whole_page(start_server, tmp_path):
     assert measured == f"{x:.3f}×" and verdict == ("met" if x <= 1.10 else "**missed**")
     assert target("`confirm` ≤ 1.10 × `written`: user-space instructions per cycle, "
                   "400 cycles/s (callgrind)") == ("1.029×", "met")
+    assert target("`confirm` beside `written`: system calls per cycle, 2,000 cycles/s offered "
+                  "(strace; reported, not a target)") == ("6.10 vs 5.50 = 1.109×", "–")
+    assert "| 2,000 cycles/s offered | all | 1 + 1 | 5.50 | 6.10 | 1.109 |" in lines
     latency = "`confirm` dispatch latency p50 ≤ one RTT + the peer's delayed ACK, RTT "
     assert target(latency + "20 ms") == ("25.0 ms vs 61 ms", "met")
     assert target(latency + "200 ms") == ("450.0 ms vs 401 ms", "**missed**")
@@ -324,6 +334,55 @@ def test_bench_impaired_measures_both_modes_at_a_distance():
     confirm, written = recs["pilotlight-confirm"], recs["pilotlight-written"]
     assert confirm["p50_ms"] >= 20 and confirm["confirm"].get("acked", 0) > 0, confirm
     assert written["confirm"] == {}, written
+
+
+def test_syscalls_counts_each_mode_without_the_connections():
+    """loadtest/syscalls, one short round: a JSON line per delivery mode and
+    setting, each call per cycle adding up to the total. Every window holds
+    550 connections opened and closed against a few hundred cycles, so
+    their accept4 and close would show above one per cycle if the setup
+    window's calls were not taken off; each cycle reads a request and
+    writes at least once; `written` never reads an error queue or asks for
+    an ACK report."""
+    import shutil
+    if shutil.which("strace") is None:
+        pytest.skip("strace is not installed (deploy/install-deps.sh --test)")
+    p = subprocess.run([str(REPO_ROOT / "loadtest" / "syscalls"), "--json", "--rounds", "1",
+                        "--rate", "400", "--cycles", "400",
+                        "--bin", os.environ.get("PL_VALGRIND_BIN", BIN), "--loadgen", LOADGEN],
+                       capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    if p.returncode != 0 and "strace could not attach" in p.stderr:
+        pytest.skip(p.stderr.strip().splitlines()[-1])
+    assert p.returncode == 0, p.stderr[-3000:]
+    recs = {(r["system"], r["setting"]): r for r in map(json.loads, p.stdout.splitlines())}
+    assert set(recs) == {(f"pilotlight-{m}", s) for m in ("written", "confirm")
+                         for s in ("rate400", "closed")}, p.stdout
+    for (system, _), r in recs.items():
+        assert r["scenario"] == "syscalls" and r["rounds"] == 1 and r["cycles"] > 0, r
+        calls = r["by_call"]
+        assert r["calls_per_cycle"] == pytest.approx(sum(calls.values()), abs=0.01), r
+        for setup_only in ("accept4", "close"):
+            assert abs(calls.get(setup_only, 0)) < 0.1, (setup_only, r)
+        assert calls.get("read", 0) >= 1, r
+        assert calls.get("writev", 0) + calls.get("sendmsg", 0) >= 1, r
+        if system == "pilotlight-written":
+            assert calls.get("recvmsg", 0) == 0 and calls.get("sendmsg", 0) == 0, r
+    assert "confirm / written" in p.stderr, p.stderr
+
+    # The report's table and its row beside the targets, from these lines.
+    import sys
+    sys.path.insert(0, str(REPO_ROOT / "loadtest"))
+    import bench_report
+    g = bench_report.group(list(recs.values()))
+    out = []
+    bench_report.syscalls_table(g, out)
+    (total,) = [ln for ln in out if ln.startswith("| 400 cycles/s offered | all | 1 + 1 |")]
+    w, c = (recs[(f"pilotlight-{m}", "rate400")]["calls_per_cycle"] for m in ("written", "confirm"))
+    assert float(total.strip("| ").split(" | ")[-1]) == pytest.approx(c / w, abs=2e-3), total
+    assert any(ln.startswith("|  | `read` |") for ln in out), out
+    (beside,) = [t for t in bench_report.targets(g, {})
+                 if t[0].startswith("`confirm` beside `written`: system calls per cycle, 400 ")]
+    assert beside[1].endswith(f"{c / w:.3f}×") and beside[2] == "–", beside
 
 
 @pytest.fixture
