@@ -778,10 +778,25 @@ void pl_confirm_parked(pl_confirm *cf, pl_conn *c)
 
 void pl_confirm_writing(pl_confirm *cf, pl_conn *c)
 {
+    unsigned r, sw;
+
+    if (!cf->opts.on)
+        return;
+    r = cf->io->reports(c);
+    sw = r & 3;
     /* A report wakes the loop on its own; a busy loop looks itself, on
      * turns that come anyway. */
-    if (cf->opts.on && busy(cf) && (cf->io->reports(c) & 3) == SW_ON)
-        cf->io->set_reports(c, SW_SKIP);
+    if (busy(cf) && sw == SW_ON)
+        sw = SW_SKIP;
+    /* A peer that may be in ping-pong mode ACKs a run of one segment only
+     * when its delayed-ACK timer fires: the run goes as two segments, which
+     * it ACKs as it reads (docs/notes/2026-12-05-soliciting-the-ack.md).
+     * Not where the ACK rides the next request: it comes with that, and an
+     * answer ACKed as it is read would end the riding. */
+    if (sw != SW_RIDE && (r & PL_CONN_PEER_QUICK))
+        cf->io->set_reports(c, sw | PL_CONN_SOLICIT);
+    else if (sw != (r & 3))
+        cf->io->set_reports(c, sw);
 }
 
 int pl_confirm_written(pl_confirm *cf)

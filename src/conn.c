@@ -131,6 +131,41 @@ static int conn_write(pl_conn *c, const uv_buf_t *bufs, unsigned n)
     return 0;
 }
 
+/* Writes an answer's head <bufs>[0] and body <bufs>[1] as two sends
+ * (PL_CONN_SOLICIT): TCP_NODELAY sends the head at once, so the body is a
+ * segment of its own. The short one first: a pacing sender (BBR, fq)
+ * holds a segment back for as long as the one before it takes at the
+ * pacing rate, nothing for a head, a timer's wake-up for a whole body.
+ * Only the body's write may ask for a report: it is for the last byte.
+ * Returns as conn_write(). */
+static int conn_write_split(pl_conn *c, const uv_buf_t *bufs)
+{
+    unsigned sw = c->reports;
+    int rc;
+
+    c->reports = 0;
+    rc = conn_write(c, &bufs[0], 1);
+    c->reports = sw;
+    return rc != 0 ? rc : conn_write(c, &bufs[1], 1);
+}
+
+/* Whether an answer of <total> bytes would leave as one segment at <c>'s
+ * send MSS (asked of the kernel once): only then does a split make its
+ * peer ACK at once. Of several segments, the last one is ACKed at once
+ * when it finds a full one unacknowledged (an even count), and a head in
+ * front would flip that. */
+static int one_segment(pl_conn *c, size_t total)
+{
+    int fd, mss;
+
+    if (c->mss == 0) {
+        if ((fd = pl__conn_fd(c)) < 0 || (mss = pl_tcp_mss(fd)) <= 0)
+            return 0;
+        c->mss = mss < 65535 ? (unsigned)mss : 65535;
+    }
+    return total <= c->mss;
+}
+
 static const char *reason(int status)
 {
     switch (status) {
@@ -253,7 +288,14 @@ int pl_conn_respond(pl_conn *c, int status, const char *content_type,
     bufs[0] = uv_buf_init(head, (unsigned)(p - head));
     bufs[1] = uv_buf_init((char *)body, (unsigned)len);
     c->pending = c->parked = 0;
-    if ((rc = conn_write(c, bufs, len > 0 && !c->head ? 2 : 1)) != 0)
+    if (c->solicit && len > 0 && !c->head) {
+        c->solicit = 0;
+        rc = one_segment(c, bufs[0].len + len) ? conn_write_split(c, bufs)
+                                                : conn_write(c, bufs, 2);
+    } else {
+        rc = conn_write(c, bufs, len > 0 && !c->head ? 2 : 1);
+    }
+    if (rc != 0)
         return rc;
     if (h->cb.on_response)
         h->cb.on_response(h->app, c->tag, status);
@@ -289,10 +331,19 @@ void pl__conn_refuse(pl_conn *c, int status, const char *msg)
 
 /* ---- the request path ---- */
 
+/* A request that begins this soon after the answer before it may have put
+ * its peer's kernel in ping-pong mode: Linux enters it when it sends within
+ * its ACK timeout (ato: 40 ms, up to its RTO) of receiving data; the margin
+ * covers the round trip between. */
+#define PEER_QUICK_MS 250
+
 static void on_begin(void *owner)
 {
     pl_conn *c = owner;
 
+    if (c->list == TL_IDLE &&
+        (uint32_t)uv_now(pl__conn_http(c)->loop) - c->since < PEER_QUICK_MS)
+        c->peer_quick = 1;
     c->tag = 0;
     c->keep_alive = c->head = c->eof_holds = 0; /* until this request is read */
     pl__list_add(c, TL_REQUEST);

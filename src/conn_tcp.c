@@ -59,6 +59,8 @@ int pl_conn_set_reports(pl_conn *c, unsigned value)
     int fd = pl__conn_fd(c), rc;
 
     c->reports = value & 3;
+    c->solicit = (value & PL_CONN_SOLICIT) != 0;
+    value &= 3;
     if (value != PL_CONN_REPORTS_ON || c->acks != ACKS_OFF)
         return c->acks == ACKS_REFUSED && value == PL_CONN_REPORTS_ON ? -EOPNOTSUPP : 0;
     c->acks = ACKS_REFUSED;
@@ -76,7 +78,8 @@ int pl_conn_set_reports(pl_conn *c, unsigned value)
 unsigned pl_conn_reports(const pl_conn *c)
 {
     return c->reports | (c->ack_waiting ? PL_CONN_REPORT_DUE : 0) |
-           (c->acks == ACKS_REFUSED ? PL_CONN_REPORTS_REFUSED : 0);
+           (c->acks == ACKS_REFUSED ? PL_CONN_REPORTS_REFUSED : 0) |
+           (c->peer_quick ? PL_CONN_PEER_QUICK : 0) | (c->solicit ? PL_CONN_SOLICIT : 0);
 }
 
 /* ---- what TCP knows of it ---- */

@@ -142,6 +142,14 @@ int pl_tcp_peer_gone(int fd)
     return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
+int pl_tcp_mss(int fd)
+{
+    int mss = 0;
+    socklen_t len = sizeof(mss);
+
+    return getsockopt(fd, IPPROTO_TCP, TCP_MAXSEG, &mss, &len) != 0 ? -errno : mss;
+}
+
 void pl_tcp_reset_on_close(int fd)
 {
     struct linger lg = {1, 0};

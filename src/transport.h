@@ -61,6 +61,9 @@ struct pl_conn {
                                 * dropped, and the connection closes after
                                 * the answer */
     unsigned ended : 2;        /* a held connection's end: PL_CONN_END_* */
+    unsigned solicit : 1;      /* PL_CONN_SOLICIT: its next answer may split */
+    unsigned peer_quick : 1;   /* PL_CONN_PEER_QUICK */
+    unsigned mss : 16;         /* its send MSS, asked once (0: not yet) */
     uint32_t out_bytes;        /* bytes ever given to the socket, mod 2^32 */
     uint32_t ack_origin;       /* out_bytes in the kernel when reports began */
     uint32_t ack_want;         /* report offset that fires PL_CONN_EV_ACKED */

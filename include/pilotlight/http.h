@@ -195,13 +195,29 @@ enum {
                                   * written asked for a report not yet come */
     PL_CONN_REPORTS_REFUSED = 8, /* the kernel refused reports on <c>: none
                                   * comes (ask pl_conn_acknowledged()) */
+    /* In pl_conn_reports(): one of <c>'s requests began within 250 ms of
+     * the answer before it, so its peer's kernel may take the exchange for
+     * interactive (Linux's ping-pong mode, left only when a delayed ACK
+     * fires), where a lone segment is ACKed only by that timer (40 ms or
+     * more). Kept for the connection's life. */
+    PL_CONN_PEER_QUICK = 16,
+    /* Given to pl_conn_set_reports() with the switch's value: the next
+     * answer whose head and body would leave as one segment (at <c>'s send
+     * MSS, asked once) goes as two sends, head then body. A Linux receiver
+     * ACKs that as its application reads, in ping-pong mode too: two short
+     * pushed segments since its last ACK, or more than a segment's worth
+     * unacknowledged. The peer reads the same bytes. Used up by that
+     * answer; an answer of several segments goes as it is. */
+    PL_CONN_SOLICIT = 32,
 };
 
-/* Sets the switch to <value>. Returns 0, or a negative errno when the
- * kernel refuses reports on <c> (then none comes). */
+/* Sets the switch to <value> (and PL_CONN_SOLICIT). Returns 0, or a
+ * negative errno when the kernel refuses reports on <c> (then none
+ * comes). */
 int pl_conn_set_reports(pl_conn *c, unsigned value);
 
-/* The switch's value, with PL_CONN_REPORT_DUE and PL_CONN_REPORTS_REFUSED. */
+/* The switch's value, with PL_CONN_REPORT_DUE, PL_CONN_REPORTS_REFUSED,
+ * PL_CONN_PEER_QUICK and PL_CONN_SOLICIT while it waits. */
 unsigned pl_conn_reports(const pl_conn *c);
 
 /* Turns on TCP keepalive and TCP_USER_TIMEOUT for <c> (once per connection;

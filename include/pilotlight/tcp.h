@@ -63,6 +63,10 @@ void pl_tcp_probe(int fd);
  * ahead of it), else 0: one recv(MSG_PEEK). */
 int pl_tcp_peer_gone(int fd);
 
+/* <fd>'s send MSS (TCP_MAXSEG): the payload bytes of its full segments;
+ * a negative errno when it cannot be read. */
+int pl_tcp_mss(int fd);
+
 /* Makes the next close of <fd> a reset (SO_LINGER 0): whatever it has not
  * sent yet is dropped, not sent after. */
 void pl_tcp_reset_on_close(int fd);

@@ -22,6 +22,9 @@ typedef struct {
     unsigned sw;         /* the switch's value */
     int due;             /* the last write asked for a report */
     int refused;         /* the kernel refuses reports */
+    int quick;           /* PL_CONN_PEER_QUICK */
+    int solicit;         /* PL_CONN_SOLICIT, as set */
+    int solicited;       /* runs written with it */
     int unsent, unacked; /* what TCP_INFO would say of its last write */
     int ended;           /* PL_CONN_END_* */
     int gone;            /* a dispatcher's end waits in its socket */
@@ -116,6 +119,7 @@ static int f_take_request(pl_conn *c, pl_buf *out)
 static int f_set_reports(pl_conn *c, unsigned v)
 {
     of(c)->sw = v & 3;
+    of(c)->solicit = (v & PL_CONN_SOLICIT) != 0;
     return v == PL_CONN_REPORTS_ON && of(c)->refused ? -EOPNOTSUPP : 0;
 }
 
@@ -123,7 +127,8 @@ static unsigned f_reports(pl_conn *c)
 {
     fconn *f = of(c);
 
-    return f->sw | (f->due ? PL_CONN_REPORT_DUE : 0) | (f->refused ? PL_CONN_REPORTS_REFUSED : 0);
+    return f->sw | (f->due ? PL_CONN_REPORT_DUE : 0) | (f->refused ? PL_CONN_REPORTS_REFUSED : 0) |
+           (f->quick ? PL_CONN_PEER_QUICK : 0) | (f->solicit ? PL_CONN_SOLICIT : 0);
 }
 
 static uint64_t f_now(void *drv)
@@ -196,6 +201,8 @@ static int settle(void *owner, pl_outcome outcome, const void *arg)
         return 0;
     pl_confirm_writing(cf, as_conn(f));
     f->writes++;
+    f->solicited += f->solicit;
+    f->solicit = 0; /* used up by the write */
     f->unacked = 1;
     f->due = f->sw == PL_CONN_REPORTS_ON && !f->refused;
     return pl_confirm_written(cf);
@@ -488,6 +495,41 @@ static void test_closed_under_it(void)
     teardown();
 }
 
+/* A peer that may be in ping-pong mode has its run written so that it
+ * ACKs at once (PL_CONN_SOLICIT); one whose ACKs ride its next request, or
+ * that never replied quickly, has not. */
+static void test_solicit(void)
+{
+    setup(1);
+    fconn *c = conn_new(), *d = conn_new();
+    park(c, "a");
+    dispatch(d);
+    CHECK_EQ(c->solicited, 0); /* no quick reply seen */
+    c->unacked = c->due = 0;
+    event(c, PL_CONN_EV_ACKED, 0);
+    c->quick = 1;
+    park(c, "a");
+    dispatch(d);
+    CHECK(c->solicited == 1 && c->due); /* solicited, and reported */
+    c->unacked = c->due = 0;
+    event(c, PL_CONN_EV_ACKED, 1);     /* it came with a request: rides */
+    park(c, "a");
+    dispatch(d);
+    CHECK_EQ(c->solicited, 1);
+    c->unacked = 0;
+    event(c, PL_CONN_EV_DATA, 0);
+    CHECK(answers == 3 && last_result == PL_DISPATCH_HIT);
+    teardown();
+    setup(0); /* written: never */
+    c = conn_new();
+    d = conn_new();
+    c->quick = 1;
+    park(c, "a");
+    dispatch(d);
+    CHECK_EQ(c->solicited, 0);
+    teardown();
+}
+
 /* delivery = written: every hook does nothing; a run written is true. */
 static void test_written_mode(void)
 {
@@ -511,5 +553,6 @@ int main(void)
     RUN(test_gone_dispatcher);
     RUN(test_closed_under_it);
     RUN(test_written_mode);
+    RUN(test_solicit);
     return unit_finish();
 }

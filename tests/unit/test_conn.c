@@ -20,6 +20,7 @@
 #include "pilotlight/buf.h"
 #include "pilotlight/http.h"
 #include "pilotlight/log.h"
+#include "segs.h"
 #include "unit.h"
 
 static uv_loop_t loop;
@@ -436,8 +437,67 @@ static void test_ack_report(void)
         CHECK_EQ(pl_conn_set_reports(c, 2), 0);
         pl_conn_set_owner(c, NULL, NULL);
         pl_conn_respond(c, 200, "text/plain", NULL, "run", 3);
-        CHECK_EQ(pl_conn_reports(c), 2);
+        /* it came within 250 ms of the answer before it */
+        CHECK_EQ(pl_conn_reports(c), 2 | PL_CONN_PEER_QUICK);
     }
+    close_client();
+    server_end(h);
+}
+
+/* Segments the client has received so far. */
+static long segs_in(void)
+{
+    long n = unit_segs_in(rd.fd);
+
+    CHECK(n >= 0);
+    return n;
+}
+
+static size_t answers_want;
+
+static int answers_in(void)
+{
+    size_t n = 0;
+
+    for (const char *p = rd.buf; (p = strstr(p, "HTTP/1.1 200")) != NULL; p++)
+        n++;
+    return n >= answers_want && rd.len > 0 && rd.buf[rd.len - 1] == '.';
+}
+
+/* One answer, with PL_CONN_SOLICIT or without; returns the segments it
+ * came in. Its body ends in '.', so that it is known whole. */
+static long one_answer(unsigned solicit, const char *body)
+{
+    long before = segs_in();
+    pl_conn *c;
+
+    send_all(rd.fd, "GET /park HTTP/1.1\r\nHost: x\r\n\r\n");
+    want_n = app.requests + 1;
+    CHECK(pump(n_requests));
+    c = app.pending;
+    CHECK_EQ(pl_conn_set_reports(c, 2 | solicit), 0);
+    CHECK_EQ(pl_conn_reports(c) & PL_CONN_SOLICIT, solicit);
+    pl_conn_set_owner(c, NULL, NULL);
+    CHECK_EQ(pl_conn_respond(c, 200, "text/plain", NULL, body, strlen(body)), 0);
+    CHECK_EQ(pl_conn_reports(c) & PL_CONN_SOLICIT, 0); /* used up */
+    answers_want++;
+    CHECK(pump(answers_in));
+    return segs_in() - before;
+}
+
+/* PL_CONN_SOLICIT: an answer that fits one segment goes as two, head and
+ * body, the bytes unchanged; without it, as one. */
+static void test_solicit(void)
+{
+    uint16_t port;
+    pl_http *h = server(&port);
+
+    open_client(port);
+    answers_want = 0;
+    CHECK_EQ(one_answer(0, "a run."), 1);
+    CHECK_EQ(one_answer(PL_CONN_SOLICIT, "a run."), 2);
+    CHECK(strstr(rd.buf, "Content-Length: 6\r\n\r\na run.") != NULL);
+    CHECK_EQ(one_answer(0, "a run."), 1);
     close_client();
     server_end(h);
 }
@@ -453,6 +513,7 @@ int main(void)
     RUN(test_limits);
     RUN(test_request_bytes_kept);
     RUN(test_ack_report);
+    RUN(test_solicit);
     CHECK_EQ(uv_loop_close(&loop), 0);
     return unit_finish();
 }
