@@ -451,10 +451,10 @@ class NsServer:
     """pilotlight inside the server namespace (conftest's Server does the
     start, the log and the clean-exit checks)."""
 
-    def __init__(self, server_cls, ns, *args):
+    def __init__(self, server_cls, ns, *args, binary=None):
         self.ns = ns
         self.srv = server_cls(["--listen", "0.0.0.0:0"] + list(args), listen=False,
-                              preexec_fn=child_in(ns))
+                              preexec_fn=child_in(ns), binary=binary)
         self.port = self.srv.port
 
     def get(self, path):
@@ -629,7 +629,8 @@ def metric_family(m, name, label):
 
 def run_cell(net, mode, server_args=(), *, rtt_ms=0.0, jitter_ms=0.0, loss=0.0, ackloss=0.0,
              keys=4, per_key=10, node_keys=(), dispatches=150, rate=25.0,
-             work_ms=(500, 1500), seed=1, tag="cell", payload_bytes=0, loopback=False):
+             work_ms=(500, 1500), seed=1, tag="cell", payload_bytes=0, loopback=False,
+             binary=None):
     """Runs one cell: shapes the wire, starts pilotlight in S with
     --delivery <mode>, the fleet in C, <dispatches> runs with unique ids at
     <rate> a second round-robin over the keys; waits for the receipts; stops
@@ -641,12 +642,13 @@ def run_cell(net, mode, server_args=(), *, rtt_ms=0.0, jitter_ms=0.0, loss=0.0, 
     many bytes (a W3C tracestate in its trace context, which real runs
     carry in varying sizes); 0 leaves the example as it is. <loopback>: the
     fleet runs in S and reaches pilotlight over S's loopback, not the wire
-    (which then carries nothing)."""
+    (which then carries nothing). <binary>: the server to run (conftest's
+    BIN when None)."""
     from conftest import EXAMPLE, Metrics, Server  # the suite's helpers
 
     wall = time.monotonic()
     net.shape(rtt_ms=rtt_ms, jitter_ms=jitter_ms, loss=loss, ackloss=ackloss, seed=seed)
-    srv = NsServer(Server, net.srv, "--delivery", mode, *server_args)
+    srv = NsServer(Server, net.srv, "--delivery", mode, *server_args, binary=binary)
     procs, disp = [], None
     ns, host = (net.srv, "127.0.0.1") if loopback else (net.ctl, SRV_IP)
     try:
