@@ -518,11 +518,14 @@ def raw_controllers(ns, port, controllers, work_ms, seed, max_runtime_s=300, hos
                                   "controllers", json.dumps(spec)])
 
 
-def node_controllers(ns, port, controllers, work_ms, max_runtime_s=300, host=SRV_IP):
+def node_controllers(ns, port, controllers, work_ms, max_runtime_s=300, host=SRV_IP,
+                     connect_each_poll=False):
     """Trigger.dev's WarmStartClient, one per controller, in one node process
-    in <ns> (C), talking to <host>."""
+    in <ns> (C), talking to <host>; <connect_each_poll>: each calls /connect
+    before every poll, as Trigger.dev's run controller does."""
     spec = {"url": f"http://{host}:{port}", "controllers": controllers,
-            "work_ms": work_ms, "max_runtime_s": max_runtime_s}
+            "work_ms": work_ms, "max_runtime_s": max_runtime_s,
+            "connect_each_poll": connect_each_poll}
     return ControllerProcess(ns, [shutil.which("node"), str(COMPAT / "controllers.mjs"),
                                   json.dumps(spec)])
 
@@ -630,7 +633,7 @@ def metric_family(m, name, label):
 def run_cell(net, mode, server_args=(), *, rtt_ms=0.0, jitter_ms=0.0, loss=0.0, ackloss=0.0,
              keys=4, per_key=10, node_keys=(), dispatches=150, rate=25.0,
              work_ms=(500, 1500), seed=1, tag="cell", payload_bytes=0, loopback=False,
-             binary=None):
+             binary=None, connect_each_poll=False, process_each=False):
     """Runs one cell: shapes the wire, starts pilotlight in S with
     --delivery <mode>, the fleet in C, <dispatches> runs with unique ids at
     <rate> a second round-robin over the keys; waits for the receipts; stops
@@ -643,7 +646,11 @@ def run_cell(net, mode, server_args=(), *, rtt_ms=0.0, jitter_ms=0.0, loss=0.0, 
     carry in varying sizes); 0 leaves the example as it is. <loopback>: the
     fleet runs in S and reaches pilotlight over S's loopback, not the wire
     (which then carries nothing). <binary>: the server to run (conftest's
-    BIN when None)."""
+    BIN when None). <connect_each_poll>: the real client's controllers call
+    /connect before every poll (node_controllers). <process_each>: each of
+    them runs in a node process of its own, with a connection pool of its
+    own, as each run controller does in its container (else one process,
+    and one pool, serves them all)."""
     from conftest import EXAMPLE, Metrics, Server  # the suite's helpers
 
     wall = time.monotonic()
@@ -659,8 +666,9 @@ def run_cell(net, mode, server_args=(), *, rtt_ms=0.0, jitter_ms=0.0, loss=0.0, 
                 c["bind"] = "127.0.0.1"
         if raw:
             procs.append(raw_controllers(ns, srv.port, raw, work_ms, seed, host=host))
-        if node:
-            procs.append(node_controllers(ns, srv.port, node, work_ms, host=host))
+        for group in ([[c] for c in node] if process_each else [node] if node else []):
+            procs.append(node_controllers(ns, srv.port, group, work_ms, host=host,
+                                          connect_each_poll=connect_each_poll))
         want = len(raw) + len(node)
         deadline = time.monotonic() + 30
         while srv.metrics(Metrics).parked_now < want:
