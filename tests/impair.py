@@ -292,6 +292,51 @@ class ImpairedNet:
         return in_ns(self.srv if loopback else self.ctl, go)
 
 
+class Capture:
+    """The TCP segments crossing a TUN device, as a packet capture would list
+    them: an AF_PACKET socket on <dev> inside <ns>, read by a thread until
+    stop(), one line per segment written to <path>:
+
+        TIME SRC:PORT > DST:PORT FLAGS seq=N ack=N len=N
+
+    (TIME: seconds, CLOCK_REALTIME; FLAGS from F S R P . as set)."""
+
+    def __init__(self, ns, dev, path):
+        self.sock = in_ns(ns, lambda: socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM,
+                                                    socket.htons(0x0003)))
+        self.sock.bind((dev, 0))
+        self.sock.settimeout(0.2)
+        self.out = open(path, "w")
+        self.running = True
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        while self.running:
+            try:
+                data = self.sock.recv(65535)
+            except socket.timeout:
+                continue
+            except OSError:
+                break
+            t = time.time()
+            if len(data) < 40 or data[0] >> 4 != 4 or data[9] != socket.IPPROTO_TCP:
+                continue
+            ihl, total = (data[0] & 15) * 4, struct.unpack("!H", data[2:4])[0]
+            sport, dport, seq, ack, off, fl = struct.unpack("!HHIIBB", data[ihl:ihl + 14])
+            flags = "".join(c for b, c in ((1, "F"), (2, "S"), (4, "R"), (8, "P"), (16, "."))
+                            if fl & b)
+            self.out.write(f"{t:.6f} {socket.inet_ntoa(data[12:16])}:{sport} > "
+                           f"{socket.inet_ntoa(data[16:20])}:{dport} {flags} seq={seq} "
+                           f"ack={ack} len={total - ihl - (off >> 4) * 4}\n")
+
+    def stop(self):
+        self.running = False
+        self.thread.join(2)
+        self.sock.close()
+        self.out.close()
+
+
 # --------------------------------------------------------------------------
 # HTTP on raw sockets
 # --------------------------------------------------------------------------
@@ -633,7 +678,7 @@ def metric_family(m, name, label):
 def run_cell(net, mode, server_args=(), *, rtt_ms=0.0, jitter_ms=0.0, loss=0.0, ackloss=0.0,
              keys=4, per_key=10, node_keys=(), dispatches=150, rate=25.0,
              work_ms=(500, 1500), seed=1, tag="cell", payload_bytes=0, loopback=False,
-             binary=None, connect_each_poll=False, process_each=False):
+             binary=None, connect_each_poll=False, process_each=False, capture=None):
     """Runs one cell: shapes the wire, starts pilotlight in S with
     --delivery <mode>, the fleet in C, <dispatches> runs with unique ids at
     <rate> a second round-robin over the keys; waits for the receipts; stops
@@ -650,7 +695,8 @@ def run_cell(net, mode, server_args=(), *, rtt_ms=0.0, jitter_ms=0.0, loss=0.0, 
     /connect before every poll (node_controllers). <process_each>: each of
     them runs in a node process of its own, with a connection pool of its
     own, as each run controller does in its container (else one process,
-    and one pool, serves them all)."""
+    and one pool, serves them all). <capture>: a file to list every TCP
+    segment the controllers' TUN device carries in (Capture)."""
     from conftest import EXAMPLE, Metrics, Server  # the suite's helpers
 
     wall = time.monotonic()
@@ -658,6 +704,7 @@ def run_cell(net, mode, server_args=(), *, rtt_ms=0.0, jitter_ms=0.0, loss=0.0, 
     srv = NsServer(Server, net.srv, "--delivery", mode, *server_args, binary=binary)
     procs, disp = [], None
     ns, host = (net.srv, "127.0.0.1") if loopback else (net.ctl, SRV_IP)
+    cap = Capture(net.ctl, net.ctl_dev, capture) if capture and not loopback else None
     try:
         measured_rtt = net.connect_rtt_ms(srv.port, loopback=loopback)
         raw, node = fleet(keys, per_key, node_keys)
@@ -712,6 +759,8 @@ def run_cell(net, mode, server_args=(), *, rtt_ms=0.0, jitter_ms=0.0, loss=0.0, 
         for p in procs:
             p.stop()
         srv.stop()
+        if cap is not None:
+            cap.stop()
     got = receipts()
     run_ids = [r for r, _ in jobs]
     figures = tally(run_ids, answers, got)
