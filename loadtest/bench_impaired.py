@@ -3,7 +3,7 @@
 dispatcher waits for its answer under `delivery = confirm` and `written`
 when the controllers are a round trip away.
 
-It drives the test suite's impaired-network harness (tests/impair.py,
+It drives the test suite's impaired-network harness (tests/harness/impair.py,
 the figures tests/blackbox/test_impaired.py asserts on): pilotlight and the
 dispatcher in one network namespace, controllers in another, joined by
 pl-wire with half the round-trip time each way. Per round, per RTT, per mode:
@@ -59,7 +59,7 @@ def main():
     ap.add_argument("--runs", type=int, default=1)
     a = ap.parse_args()
     os.environ["PILOTLIGHT_BIN"] = a.bin  # conftest reads it as it is imported
-    sys.path.insert(0, str(ROOT / "tests"))
+    sys.path.insert(0, str(ROOT / "tests" / "harness"))
     try:
         import impair
     except ImportError as e:

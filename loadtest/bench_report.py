@@ -618,7 +618,7 @@ def method(meta, commands, out):
         f"user-space instructions ÷ dispatches. Rounds: {v('CALLGRIND_RUNS')}, each mode once, "
         f"which goes first alternating. Instructions do not move with the machine, so they judge the "
         f"differences CPU time cannot.\n"
-        f"- **impaired**: the test suite's impaired-network harness (`tests/impair.py`): "
+        f"- **impaired**: the test suite's impaired-network harness (`tests/harness/impair.py`): "
         f"pilotlight and the dispatcher in one network namespace, 48 controllers over 4 keys in "
         f"another (half keep their connection after a run, half close it; each works "
         f"0.5–1.5 s, then polls again), joined by `pl-wire` with half the RTT each way and a "

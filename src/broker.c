@@ -1,48 +1,34 @@
 /* broker.c -- the endpoints of docs/protocol.md, on top of the engine. */
 #include <stdio.h>
 #include <string.h>
-#include <strings.h>
 #include <time.h>
 
-#include <cJSON.h>
-#include <utlist.h>
-
 #include "pilotlight/broker.h"
-#include "pilotlight/buf.h"
-#include "pilotlight/cluster.h"
-#include "pilotlight/confirm.h"
-#include "pilotlight/log.h"
+#include "pilotlight/confirm_loop.h"
+#include "pilotlight/loop.h"
 #include "pilotlight/mem.h"
 #include "pilotlight/message.h"
 #include "pilotlight/poll.h"
-#include "pilotlight/pool.h"
+#include "pilotlight/redirect.h"
+#include "pilotlight/status.h"
 #include "pilotlight/token.h"
-
-#define METRICS_BUFFER_SIZE 32768
-
-/* A dispatch read at most this long after it arrived: its sender cannot
- * have waited long enough to give up on it. A busy loop then asks the
- * kernel nothing about its dispatchers; a quiet or stalled one does. */
-#define STALE_MS 50
 
 struct pl_broker {
     uv_loop_t *loop;
     const pl_config *cfg;
-    const pl_http *https[2];
     pl_broker_view views[2];
     pl_engine *engine;
-    pl_confirm *confirm;         /* the deliveries awaiting their ACK */
+    pl_confirm_loop *confirm_loop; /* the deliveries awaiting their ACK ... */
+    pl_confirm *confirm;         /* ... as the broker's hooks see them */
+    pl_redirect *ring;           /* the key ring's side of a request */
+    pl_status *status;           /* /metrics, /status, /debug/... */
+    pl_diag *diag;               /* ... its record of each dispatch */
     pl_token_verifier *verifier; /* NULL when token_mode is disabled */
     uv_timer_t timer;            /* the engine's next park timeout */
-    pl_cluster cluster;          /* the key ring, when there is one */
-    uint32_t ring_view;          /* which view of it: 1, 2, ... (0 marks no key) */
-    uint64_t joined_at;          /* when this instance last became a member */
-    uv_timer_t sweep;            /* moves polls parked here for another's key */
     pl_metrics metrics;
     int draining, closing;
     size_t connect_len;
     char connect_body[96];
-    char metrics_buf[METRICS_BUFFER_SIZE];
 };
 
 static pl_broker *conn_broker(const pl_conn *c)
@@ -71,12 +57,11 @@ static int on_settle(void *owner, pl_outcome outcome, const void *arg)
     pl_conn_set_owner(c, NULL, NULL);
     switch (outcome) {
     case PL_OUTCOME_MATCHED:
-        if (b->cfg->delivery == PL_DELIVERY_CONFIRM && pl_confirm_busy(b->confirm))
-            pl_conn_skip_ack_report(c);
+        pl_confirm_writing(b->confirm, c);
         if ((rc = pl_conn_respond(c, 200, "application/json", NULL, m->payload,
                                   m->payload_len)) != 0)
             return rc;
-        return b->cfg->delivery == PL_DELIVERY_CONFIRM ? PL_SETTLE_PENDING : 0;
+        return pl_confirm_written(b->confirm);
     case PL_OUTCOME_TIMEOUT:
         pl_conn_respond(c, 204, NULL, NULL, NULL, 0);
         break;
@@ -108,16 +93,9 @@ static int on_settle(void *owner, pl_outcome outcome, const void *arg)
         else
             pl_conn_close(c);
         break;
-    case PL_OUTCOME_MOVED: {
-        /* Its key went to another instance: a redirect, which a controller
-         * follows at once (a closed poll would cost it a back-off). */
-        char loc[PL_CLUSTER_LOCATION_MAX];
-        if (pl_cluster_location(loc, arg, 0, "/warm-start", 0, NULL, NULL, 0, 0) > 0)
-            pl_conn_respond(c, 307, NULL, loc, NULL, 0);
-        else
-            pl_conn_close(c);
+    case PL_OUTCOME_MOVED:
+        pl_redirect_moved(c, arg); /* its key went to another instance */
         break;
-    }
     case PL_OUTCOME_DISCONNECT:
     case PL_OUTCOME_ABORTED:
     case PL_OUTCOME__COUNT:
@@ -130,15 +108,15 @@ static void timer_cb(uv_timer_t *t);
 
 static void timer_arm(pl_broker *b)
 {
-    uint64_t due, now = uv_now(b->loop);
+    uint64_t due;
 
     if (pl_engine_next_deadline(b->engine, &due) == 0)
-        uv_timer_start(&b->timer, timer_cb, due > now ? due - now : 0, 0);
+        pl_timer_at(&b->timer, timer_cb, due, 0);
 }
 
 static void timer_cb(uv_timer_t *t)
 {
-    pl_broker *b = (pl_broker *)((char *)t - offsetof(pl_broker, timer));
+    pl_broker *b = container_of(t, pl_broker, timer);
 
     pl_engine_expire(b->engine, uv_now(b->loop));
     timer_arm(b);
@@ -156,40 +134,29 @@ static pl_engine_opts engine_opts(const pl_config *cfg)
     return opts;
 }
 
-/* Sets *out to a verifier for <cfg>'s secrets, or NULL when tokens are
- * disabled. Returns 0, or -1 when out of memory. */
-static int make_verifier(const pl_config *cfg, pl_token_verifier **out)
-{
-    const char *cur = cfg->token_secret, *prev = cfg->token_secret_previous;
-
-    *out = NULL;
-    if (cfg->token_mode == PL_TOKEN_MODE_DISABLED)
-        return 0;
-    *out = pl_token_verifier_new((const unsigned char *)cur, strlen(cur));
-    if (*out != NULL && *prev != '\0' &&
-        pl_token_verifier_set_previous(*out, (const unsigned char *)prev, strlen(prev)) != 0) {
-        pl_token_verifier_free(*out);
-        *out = NULL;
-    }
-    return *out != NULL ? 0 : -ENOMEM;
-}
-
+/* /connect's body. With warm_starts = off, 0 for both: a controller that
+ * reads 0 there exits instead of polling (Trigger.dev's run controller,
+ * after each run). */
 static void set_connect_body(pl_broker *b, const pl_config *cfg)
 {
+    int off = cfg->warm_starts == PL_WARM_STARTS_OFF;
+
     b->connect_len = (size_t)snprintf(b->connect_body, sizeof(b->connect_body),
                                       "{\"connectionTimeoutMs\":%llu,\"keepaliveMs\":%llu}",
-                                      (unsigned long long)cfg->connection_timeout_ms,
-                                      (unsigned long long)cfg->keepalive_ms);
+                                      off ? 0ULL : (unsigned long long)cfg->connection_timeout_ms,
+                                      off ? 0ULL : (unsigned long long)cfg->keepalive_ms);
 }
 
 static pl_confirm_opts confirm_opts(const pl_config *cfg)
 {
-    pl_confirm_opts opts = {cfg->confirm_timeout_ms, cfg->confirm_wait_max_ms};
+    pl_confirm_opts opts = {cfg->delivery == PL_DELIVERY_CONFIRM, cfg->confirm_timeout_ms,
+                            cfg->confirm_wait_max_ms};
     return opts;
 }
 
-static void answer_dispatch(void *arg, pl_conn *c, pl_dispatch_result result,
-                            uint64_t waited_ms, uint64_t start_ns);
+static void answer_dispatch(void *arg, pl_conn *c, const pl_message *m, uint32_t note,
+                            pl_dispatch_result result, uint64_t waited_ms, uint64_t start_ns);
+static int poll_ok(void *arg, void *owner, uint64_t parked_at, const pl_message *m);
 
 pl_broker *pl_broker_new(uv_loop_t *loop, const pl_config *cfg)
 {
@@ -199,48 +166,25 @@ pl_broker *pl_broker_new(uv_loop_t *loop, const pl_config *cfg)
 
     if (b == NULL)
         return NULL;
-    memset(b, 0, offsetof(pl_broker, metrics_buf));
-    b->engine = pl_engine_new(&opts);
-    if (b->engine == NULL || make_verifier(cfg, &b->verifier) != 0) {
-        pl_engine_free(b->engine);
-        pl_free(b);
-        return NULL;
-    }
+    memset(b, 0, sizeof(*b));
     b->loop = loop;
     b->cfg = cfg;
     pl_metrics_init(&b->metrics);
     set_connect_body(b, cfg);
-    b->confirm = pl_confirm_new(loop, b->engine, &b->metrics, &copts, answer_dispatch, b);
-    if (b->confirm == NULL) {
-        pl_engine_free(b->engine);
-        pl_token_verifier_free(b->verifier);
-        pl_free(b);
+    /* confirm last: the only one to set up handles on the loop, which a
+     * failure here could not close. */
+    if ((b->engine = pl_engine_new(&opts)) == NULL || pl_poll_verifier_new(cfg, &b->verifier) != 0 ||
+        (b->ring = pl_redirect_new(loop, b->engine, cfg, &b->metrics)) == NULL ||
+        (b->status = pl_status_new(loop, b->engine, &b->metrics, cfg)) == NULL ||
+        (b->confirm_loop = pl_confirm_loop_new(loop, b->engine, &b->metrics.confirm, &copts,
+                                               answer_dispatch, poll_ok, b)) == NULL) {
+        pl_broker_free(b);
         return NULL;
     }
+    b->confirm = pl_confirm_loop_confirm(b->confirm_loop);
+    b->diag = pl_status_diag(b->status);
     uv_timer_init(loop, &b->timer);
-    uv_timer_init(loop, &b->sweep);
-    b->sweep.data = b;
-    pl_cluster_init(&b->cluster);
     return b;
-}
-
-/* Applies a reload's tighter rules to what is parked: token mode and
- * secrets, then lower caps. Each poll refused is answered as a new one
- * would be and counted (revoked, rejected). */
-static void apply_to_parked(pl_broker *b, const pl_config *next)
-{
-    const pl_config *old = b->cfg;
-    pl_poll_rejudge r;
-    size_t revoked = 0, rejected = 0;
-
-    if (pl_poll_rejudge_init(&r, old, next))
-        revoked = pl_engine_settle_if(b->engine, PL_OUTCOME_REVOKED, pl_poll_rejudge_one, &r);
-    if (next->max_waiters < old->max_waiters ||
-        next->max_waiters_per_key < old->max_waiters_per_key)
-        rejected = pl_engine_enforce_caps(b->engine);
-    if (revoked + rejected > 0)
-        PL_LOG(PL_LOG_WARN, "reload: parked polls refused under the new settings",
-               "\"revoked\":%zu,\"rejected\":%zu", revoked, rejected);
 }
 
 int pl_broker_reconfigure(pl_broker *b, const pl_config *next)
@@ -250,7 +194,7 @@ int pl_broker_reconfigure(pl_broker *b, const pl_config *next)
     pl_token_verifier *v;
     int rc;
 
-    if ((rc = make_verifier(next, &v)) != 0) {
+    if ((rc = pl_poll_verifier_new(next, &v)) != 0) {
         b->metrics.reloads[1]++;
         return rc;
     }
@@ -260,7 +204,7 @@ int pl_broker_reconfigure(pl_broker *b, const pl_config *next)
     pl_engine_set_opts(b->engine, &opts);
     pl_confirm_set_opts(b->confirm, &copts);
     set_connect_body(b, next);
-    apply_to_parked(b, next);
+    pl_poll_reload_parked(b->engine, b->cfg, next);
     uv_timer_stop(&b->timer);
     timer_arm(b);
     b->metrics.reloads[0]++;
@@ -289,134 +233,17 @@ pl_broker_view *pl_broker_view_of(pl_broker *b, unsigned serves)
 
 void pl_broker_attach(pl_broker *b, const pl_http *h)
 {
-    b->https[b->https[0] != NULL] = h;
+    pl_status_attach(b->status, h);
 }
 
-/* ---- the key ring ---- */
-
-/* pl_engine_settle_if's judge for the ring: a poll whose key another
- * instance owns is moved there. */
-static int judge_owner(const pl_waiter_info *info, unsigned *tag, const void **why, void *arg)
+void pl_broker_ring_changed(pl_broker *b, const pl_ring *ring, int self, int agreed)
 {
-    const pl_cluster *cl = arg;
-
-    (void)tag;
-    if (pl_cluster_owns(cl, &info->key))
-        return 0;
-    *why = cl->ring.m[pl_cluster_owner(cl, &info->key)].name;
-    return 1;
+    pl_redirect_ring_changed(b->ring, ring, self, agreed, !b->closing);
 }
 
-static void move_foreign(pl_broker *b)
+void pl_broker_ring_off(pl_broker *b)
 {
-    size_t n = pl_engine_settle_if(b->engine, PL_OUTCOME_MOVED, judge_owner, &b->cluster);
-
-    if (n > 0)
-        PL_LOG(PL_LOG_INFO, "ring: parked polls sent to their keys' owners", "\"moved\":%zu", n);
-}
-
-static void sweep_cb(uv_timer_t *t)
-{
-    move_foreign(t->data);
-}
-
-void pl_broker_ring_changed(pl_broker *b, const pl_ring *ring, int self)
-{
-    if (self >= 0 && b->cluster.self < 0)
-        b->joined_at = uv_now(b->loop);
-    b->cluster.ring = *ring;
-    b->cluster.self = self;
-    /* Every key's "owned here" mark (sent_elsewhere) was of the old view. */
-    if (++b->ring_view == 0)
-        b->ring_view = 1;
-    b->cluster.on = 1;
-    b->metrics.ring_on = 1;
-    /* Not a member (left to drain, or not yet among ring_dns's addresses):
-     * 0, so a sum or count over instances leaves it out. */
-    b->metrics.ring_members = self >= 0 ? ring->n : 0;
-    b->metrics.ring_changes++;
-    if (!b->closing)
-        move_foreign(b);
-}
-
-/* What the ring said of a request served here. */
-typedef struct {
-    pl_hop hop;
-    int foreign; /* another instance owns its key */
-} ring_note;
-
-/* Answers <req> with a 307 to member <to>. Returns whether it did. */
-static int redirect(pl_broker *b, pl_conn *c, const pl_request *req, int to, unsigned hops,
-                    int dispatch)
-{
-    char loc[PL_CLUSTER_LOCATION_MAX];
-    uint16_t port = dispatch && b->cfg->dispatch_listen.host[0] != '\0'
-                        ? b->cfg->dispatch_listen.port : 0;
-
-    if (pl_cluster_location(loc, b->cluster.ring.m[to].name, port, "/warm-start", hops,
-                            dispatch ? b->cfg->dispatch_token : NULL, req->body, req->body_len,
-                            (uint64_t)time(NULL)) < 0)
-        return 0; /* cannot be: names are short */
-    pl_conn_respond(c, 307, NULL, loc, NULL, 0);
-    b->metrics.ring_redirects[dispatch]++;
-    return 1;
-}
-
-/* Whether a request for the key at <spot> is served here without asking
- * the ring: there is none, or the key is known to be this instance's in
- * the current view and the request carries no hop mark to read. What a
- * key's owner is in a view is kept with the key in the engine (the spot's
- * mark) while it has parked polls, so the polls and dispatches of a key
- * served here cost no hash of the ring. */
-static inline int served_here(const pl_broker *b, const pl_request *req,
-                              const pl_engine_spot *spot)
-{
-    return !b->cluster.on || (spot->mark == b->ring_view && req->query_len == 0);
-}
-
-/* Otherwise: answers a request for <key> that is not to be served here
- * with a 307 to the key's owner, or a 400 for a malformed hop mark.
- * Returns whether it did; if not, *note (zeroed by the caller) says what
- * the ring said. A poll served here for another's key (views of the ring
- * disagree) is sent on a check period later, when they should agree. */
-static int sent_elsewhere(pl_broker *b, pl_conn *c, const pl_request *req, const pl_key *key,
-                          pl_engine_spot *spot, int dispatch, ring_note *note)
-{
-    int owner;
-
-    if (req->query_len > 0 && pl_cluster_read_hop(req->query, req->query_len, &note->hop) != 0) {
-        pl_conn_respond_error(c, 400, "malformed pl_hop, pl_exp or pl_sig");
-        return 1;
-    }
-    if (spot->mark == b->ring_view)
-        return 0;
-    owner = pl_cluster_route(&b->cluster, key, note->hop.hops, &note->foreign);
-    if (owner >= 0)
-        return redirect(b, c, req, owner, note->hop.hops, dispatch);
-    if (!note->foreign)
-        spot->mark = b->ring_view;
-    b->metrics.ring_hop_served[dispatch] += (uint64_t)note->foreign;
-    if (note->foreign && !dispatch && !uv_is_active((uv_handle_t *)&b->sweep))
-        uv_timer_start(&b->sweep, sweep_cb, b->cfg->ring_check_ms, 0);
-    return 0;
-}
-
-/* A dispatch that found nobody parked here: where the ring says a poll
- * may still be, while views of it disagree (pl_cluster_after_miss), it is
- * sent on rather than answered false. Returns whether it was. */
-static int sent_after_miss(pl_broker *b, pl_conn *c, const pl_request *req, const pl_key *key,
-                           const ring_note *note)
-{
-    /* The others see a new member within a check of it, and a check may
-     * take its timeout. */
-    uint64_t window = 2 * b->cfg->ring_check_ms + b->cfg->ring_check_timeout_ms;
-    int to;
-
-    if (!b->cluster.on)
-        return 0;
-    to = pl_cluster_after_miss(&b->cluster, key, note->hop.hops, note->foreign,
-                               uv_now(b->loop) - b->joined_at < window);
-    return to >= 0 && redirect(b, c, req, to, note->hop.hops, 1);
+    pl_redirect_off(b->ring);
 }
 
 /* ---- GET /warm-start: park ---- */
@@ -435,29 +262,34 @@ static double wall_seconds(void)
 static void hold_waiter(pl_broker *b, pl_conn *c, pl_waiter *w)
 {
     pl_conn_set_owner(c, w, &waiter_owner);
-    if (pl_conn_watch_acks(c, b->cfg->delivery == PL_DELIVERY_CONFIRM) != 0)
-        b->metrics.ack_events_refused++;
+    pl_conn_park(c);
+    pl_confirm_parked(b->confirm, c);
     if (!uv_is_active((uv_handle_t *)&b->timer))
         timer_arm(b);
 }
 
-void pl_broker_park(pl_broker *b, pl_conn *c, const pl_request *req)
+void pl_broker_park(pl_broker *b, pl_conn *c, const pl_request *req, const pl_hop *hop)
 {
     pl_token_claims claims;
     char msg[96];
     const char *err;
     pl_engine_spot spot;
     pl_waiter *w;
-    ring_note ring = {0};
     pl_key key;
     int rc, token;
 
+    if (b->cfg->warm_starts == PL_WARM_STARTS_OFF) {
+        pl_conn_respond_error(c, 503, PL_POLL_OFF_REASON);
+        return;
+    }
     rc = pl_poll_key(req, b->verifier, b->cfg->token_mode == PL_TOKEN_MODE_ENFORCE,
                      wall_seconds(), &key, &claims, &token, &err, msg, sizeof(msg));
     if (token != PL_TOKEN_UNCHECKED)
         b->metrics.token[token]++;
     if (token == PL_TOKEN_VALID)
         b->metrics.token_secret[claims.previous != 0]++;
+    else if (rc == -EACCES || (rc == 0 && token == PL_TOKEN_INVALID))
+        pl_status_token_refused(b->status, &key, token, rc == -EACCES, uv_now(b->loop));
     if (rc != 0) {
         pl_conn_respond_error(c, rc == -EACCES ? 401 : 400, err);
         return;
@@ -466,13 +298,13 @@ void pl_broker_park(pl_broker *b, pl_conn *c, const pl_request *req)
         pl_conn_respond_error(c, 400, "x-trigger-deployment-id or -version is empty or too long");
         return;
     }
-    if (!served_here(b, req, &spot) && sent_elsewhere(b, c, req, &key, &spot, 0, &ring))
+    if (pl_redirect_elsewhere(b->ring, c, req, hop, &spot, 0))
         return;
     if (b->closing) {
         pl_conn_close(c); /* as if it had parked just before the drain */
         return;
     }
-    rc = pl_engine_park_at(b->engine, &spot, &key, req->header[PL_HDR_CONTROLLER_ID],
+    rc = pl_engine_park(b->engine, &spot, req->header[PL_HDR_CONTROLLER_ID],
                            req->header_len[PL_HDR_CONTROLLER_ID], c, uv_now(b->loop), &w);
     if (rc == PL_ENOMEM) {
         pl_conn_respond_error(c, 503, "out of memory");
@@ -488,68 +320,109 @@ void pl_broker_park(pl_broker *b, pl_conn *c, const pl_request *req)
 
 /* ---- POST /warm-start: dispatch ---- */
 
-static void count_dispatch(pl_broker *b, pl_dispatch_result result, uint64_t waited_ms,
-                           uint64_t start_ns)
+/* Answers the dispatcher <c> (NULL: it went away; counted only) with
+ * <result>, counts it, and tells the status page of the run <m> (NULL: no
+ * key was read): its key, which the engine found at <spot> (NULL: a
+ * confirmation's) and pl_diag_tag() tagged <tag> (0: untagged), offered
+ * to a poll of its key or not (<offered>), at <now>. */
+static void answered(pl_broker *b, pl_conn *c, const pl_message *m, const pl_engine_spot *spot,
+                     uint32_t tag, int offered, pl_dispatch_result result,
+                     uint64_t waited_ms, uint64_t start_ns, uint64_t now)
 {
-    b->metrics.dispatch[result]++;
-    if (result == PL_DISPATCH_HIT)
-        pl_histogram_observe(&b->metrics.wait_seconds, (double)waited_ms / 1e3);
-    pl_histogram_observe(&b->metrics.dispatch_seconds,
-                       (double)(uv_hrtime() - start_ns) / 1e9);
-}
-
-/* Answers the dispatcher <c> (NULL: it went away; counted only). */
-static void answer_dispatch(void *arg, pl_conn *c, pl_dispatch_result result,
-                            uint64_t waited_ms, uint64_t start_ns)
-{
-    pl_broker *b = arg;
+    uint64_t took = uv_hrtime() - start_ns;
+    pl_diag_dispatch x;
+    int nearest;
 
     if (c != NULL)
         pl_conn_respond_json(c, 200, result == PL_DISPATCH_HIT ? "{\"didWarmStart\":true}"
                                                      : "{\"didWarmStart\":false}");
-    count_dispatch(b, result, waited_ms, start_ns);
+    b->metrics.dispatch[result]++;
+    if (result == PL_DISPATCH_HIT)
+        pl_histogram_observe(&b->metrics.wait_seconds, (double)waited_ms / 1e3);
+    pl_histogram_observe(&b->metrics.dispatch_seconds, (double)took / 1e9);
+    if (m == NULL)
+        return;
+    x = (pl_diag_dispatch){&m->key, spot, tag, m->payload, m->payload_len, result, offered,
+                           now, took, waited_ms};
+    nearest = pl_diag_dispatched(b->diag, &x);
+    if (nearest >= 0) /* a miss, classified */
+        b->metrics.miss_nearest[nearest]++;
+}
+
+/* The confirmations' answer: every one follows a delivery attempt. The
+ * note is the key's tag (pl_diag_tag). */
+static void answer_dispatch(void *arg, pl_conn *c, const pl_message *m, uint32_t note,
+                            pl_dispatch_result result, uint64_t waited_ms, uint64_t start_ns)
+{
+    pl_broker *b = arg;
+
+    answered(b, c, m, NULL, note, 1, result, waited_ms, start_ns, uv_now(b->loop));
+}
+
+/* Whether the run <m> may go to the poll of <owner> (a connection),
+ * parked at <parked_at>: not when its controller is about to give up on it
+ * (pl_poll_expiring), which only a poll near its end is asked about. */
+static int poll_ok(void *arg, void *owner, uint64_t parked_at, const pl_message *m)
+{
+    pl_broker *b = arg;
+    uint64_t now = uv_now(b->loop), end = parked_at + b->cfg->connection_timeout_ms;
+    pl_tcp_facts t;
+
+    (void)m;
+    if (now + PL_POLL_NEAR_MS < end)
+        return PL_VET_OFFER;
+    if (pl_conn_tcp_info(owner, &t) != 0)
+        t.rtt_us = t.rttvar_us = 0;
+    if (!pl_poll_expiring(parked_at, now, b->cfg->connection_timeout_ms, t.rtt_us, t.rttvar_us))
+        return PL_VET_OFFER;
+    b->metrics.passed_expiring++;
+    return PL_VET_PASS;
 }
 
 typedef struct {
     pl_broker *b;
     pl_conn *dispatcher;
+    const pl_message *m;
     int asked;
 } dispatch_vet;
 
-/* Before the run goes to its first poll: a dispatcher that has gone (its
- * FIN or reset read, or waiting in a socket whose request may have waited
- * long) gave up, and will cold-start the run itself. Then, under confirm,
- * the polls known to be suspect go last. */
-static int vet_poll(void *owner, void *arg)
+/* Before the run goes to its first poll: a dispatcher that has gone gave
+ * up, and will cold-start the run itself; its end may wait unread in the
+ * socket behind its request (one recv, once, and only for a run that has a
+ * poll to go to). Then a poll about to be given up on is passed over, and
+ * under confirm the polls known to be suspect go last. */
+static int vet_poll(void *owner, uint64_t parked_at, void *arg)
 {
     dispatch_vet *v = arg;
     pl_broker *b = v->b;
+    int rc;
 
     if (!v->asked) {
         v->asked = 1;
-        if (pl_conn_peer_eof(v->dispatcher) ||
-            (pl_conn_read_delay_max(v->dispatcher) > STALE_MS &&
-             pl_conn_peer_gone(v->dispatcher)))
+        if (pl_conn_peer_gone(v->dispatcher))
             return PL_VET_STOP;
     }
-    if (b->cfg->delivery == PL_DELIVERY_CONFIRM)
-        return pl_confirm_vet(b->confirm, owner);
-    return PL_VET_OFFER;
+    if ((rc = poll_ok(b, owner, parked_at, v->m)) != PL_VET_OFFER)
+        return rc;
+    return pl_confirm_vet(b->confirm, owner);
 }
 
-void pl_broker_dispatch(pl_broker *b, pl_conn *c, const pl_request *req)
+void pl_broker_dispatch(pl_broker *b, pl_conn *c, const pl_request *req, const pl_hop *hop)
 {
     uint64_t start = uv_hrtime();
-    dispatch_vet vet = {b, c, 0};
+    dispatch_vet vet = {b, c, NULL, 0};
     pl_delivery d = {.vet = vet_poll, .vet_arg = &vet};
     const char *err = NULL;
     pl_engine_spot spot;
-    ring_note ring = {0};
     pl_message m;
+    uint64_t now;
     int rc;
 
-    if (b->cfg->delivery == PL_DELIVERY_CONFIRM)
-        pl_confirm_note_dispatch(b->confirm, start);
+    if (b->cfg->warm_starts == PL_WARM_STARTS_OFF) {
+        answered(b, c, NULL, NULL, 0, 0, PL_DISPATCH_OFF, 0, start, 0); /* no key read */
+        return;
+    }
+    pl_confirm_note_dispatch(b->confirm);
     rc = pl_message_parse(req->body, req->body_len, &m, &err);
     if (rc == PL_MESSAGE_EINVAL) {
         b->metrics.dispatch[PL_DISPATCH_INVALID]++;
@@ -562,21 +435,26 @@ void pl_broker_dispatch(pl_broker *b, pl_conn *c, const pl_request *req)
     }
     /* The message's key is checked as the engine's (never PL_EINVAL). */
     pl_engine_find(b->engine, &m.key, &spot);
-    if (!served_here(b, req, &spot) && sent_elsewhere(b, c, req, &m.key, &spot, 1, &ring)) {
+    if (pl_redirect_elsewhere(b->ring, c, req, hop, &spot, 1)) {
         pl_message_release(&m);
         return;
     }
     d.payload = &m;
-    rc = pl_engine_deliver_at(b->engine, &spot, uv_now(b->loop), &d);
-    if (rc == 0 && sent_after_miss(b, c, req, &m.key, &ring))
+    vet.m = &m;
+    now = uv_now(b->loop);
+    if (spot.entry != NULL) /* the tag rides with the key: found once */
+        pl_diag_tag(b->diag, &spot, now);
+    rc = pl_engine_deliver(b->engine, &spot, now, &d);
+    if (rc == 0 && pl_redirect_after_miss(b->ring, c, req, hop, &m.key))
         ; /* nothing was delivered here: the run is offered there */
     else if (rc == PL_DELIVERY_PENDING)
-        pl_confirm_start(b->confirm, c, &m, &d, start);
+        pl_confirm_start(b->confirm, c, &m, &d, start, spot.note);
     else
-        answer_dispatch(b, c, rc == PL_DELIVERED ? PL_DISPATCH_HIT
-                              : rc == PL_DELIVERY_STOPPED ? PL_DISPATCH_ABANDONED
-                                                          : PL_DISPATCH_MISS,
-                        d.waited_ms, start);
+        answered(b, c, &m, &spot, spot.note, spot.entry != NULL,
+                 rc == PL_DELIVERED          ? PL_DISPATCH_HIT
+                 : rc == PL_DELIVERY_STOPPED ? PL_DISPATCH_ABANDONED
+                                             : PL_DISPATCH_MISS,
+                 d.waited_ms, start, now);
     pl_message_release(&m);
 }
 
@@ -619,74 +497,16 @@ int pl_broker_draining(const pl_broker *b)
     return b->draining;
 }
 
-size_t pl_broker_metrics_text(pl_broker *b, const char **text)
+pl_status *pl_broker_status(pl_broker *b)
 {
-    b->metrics.max_waiters = b->cfg->max_waiters;
-    b->metrics.max_waiters_per_key = b->cfg->max_waiters_per_key;
-    b->metrics.max_connections = b->cfg->max_connections;
-    b->metrics.connections_open = 0;
-    memset(b->metrics.refused, 0, sizeof(b->metrics.refused));
-    for (int i = 0; i < 2; i++) {
-        if (b->https[i] == NULL)
-            continue;
-        b->metrics.connections_open += pl_http_connections(b->https[i]);
-        for (unsigned r = 0; r < PL_HTTP_REFUSED__COUNT; r++)
-            b->metrics.refused[r] += pl_http_refused(b->https[i], r);
-    }
-    b->metrics.proc_ok = pl_proc_read(&b->metrics.proc) == 0;
-    *text = b->metrics_buf;
-    return pl_metrics_render(&b->metrics, pl_engine_ledger(b->engine),
-                             pl_engine_key_count(b->engine), b->metrics_buf,
-                             sizeof(b->metrics_buf));
+    return b->status;
 }
 
-typedef struct {
-    cJSON *keys;
-    uint64_t now;
-    int failed;
-} waiters_out;
-
-static void waiters_key(const pl_key_info *info, void *arg)
+pl_redirect *pl_broker_ring(pl_broker *b)
 {
-    waiters_out *o = arg;
-    char dep[PL_KEY_FIELD_MAX + 1], ver[PL_KEY_FIELD_MAX + 1];
-    cJSON *k = cJSON_CreateObject();
-
-    /* Key strings hold no NUL (a header cannot, a body's is refused). */
-    memcpy(dep, info->key.deployment, info->key.deployment_len);
-    dep[info->key.deployment_len] = '\0';
-    memcpy(ver, info->key.version, info->key.version_len);
-    ver[info->key.version_len] = '\0';
-    if (k == NULL || !cJSON_AddItemToArray(o->keys, k) ||
-        cJSON_AddStringToObject(k, "deployment", dep) == NULL ||
-        cJSON_AddStringToObject(k, "version", ver) == NULL ||
-        cJSON_AddNumberToObject(k, "cpu", info->key.cpu) == NULL ||
-        cJSON_AddNumberToObject(k, "memory", info->key.memory) == NULL ||
-        cJSON_AddNumberToObject(k, "parked", (double)info->parked) == NULL ||
-        cJSON_AddNumberToObject(k, "oldest_wait_ms",
-                                (double)(o->now - info->oldest_parked_at)) == NULL)
-        o->failed = 1;
+    return b->ring;
 }
 
-char *pl_broker_waiters_json(const pl_broker *b, size_t max)
-{
-    waiters_out o = {NULL, uv_now(b->loop), 0};
-    cJSON *root = cJSON_CreateObject();
-    size_t total = 0;
-    char *text = NULL;
-
-    if (root != NULL && (o.keys = cJSON_AddArrayToObject(root, "keys")) != NULL) {
-        total = pl_engine_each_key(b->engine, max, waiters_key, &o);
-        if (!o.failed &&
-            cJSON_AddNumberToObject(root, "total_keys", (double)total) != NULL &&
-            cJSON_AddNumberToObject(root, "parked",
-                                    (double)pl_engine_ledger(b->engine)->parked_now) != NULL &&
-            cJSON_AddBoolToObject(root, "truncated", total > max) != NULL)
-            text = cJSON_PrintUnformatted(root);
-    }
-    cJSON_Delete(root);
-    return text;
-}
 
 const pl_config *pl_broker_config(const pl_broker *b)
 {
@@ -706,8 +526,8 @@ void pl_broker_hold(pl_broker *b, pl_waiter *w, int on)
     /* Its deadline may be the next, or past: look at once. A ring change
      * while it was held passed it over: look at that too. */
     uv_timer_start(&b->timer, timer_cb, 0, 0);
-    if (b->cluster.on && !b->closing)
-        uv_timer_start(&b->sweep, sweep_cb, 0, 0);
+    if (!b->closing)
+        pl_redirect_recheck(b->ring);
 }
 
 void pl_broker_hand_over(pl_broker *b, pl_waiter *w)
@@ -730,23 +550,6 @@ int pl_broker_adopt(pl_broker *b, pl_conn *c, const pl_key *key, const char *id,
     return 0;
 }
 
-void pl_broker_log_ledger(const pl_broker *b)
-{
-    const pl_ledger *l = pl_engine_ledger(b->engine);
-    char settled[PL_OUTCOME__COUNT * 40], *p = settled;
-
-    if (PL_LOG_INFO > pl_log_threshold)
-        return;
-    for (int i = 0; i < PL_OUTCOME__COUNT; i++)
-        p += snprintf(p, sizeof(settled) - (size_t)(p - settled), "%s\"%s\":%llu",
-                      i ? "," : "", pl_outcome_name((pl_outcome)i),
-                      (unsigned long long)l->settled[i]);
-    PL_LOG(PL_LOG_INFO, "ledger",
-           "\"parked_total\":%llu,\"adopted\":%llu,\"parked_now\":%llu,\"settled\":{%s}",
-           (unsigned long long)l->parked_total, (unsigned long long)l->adopted,
-           (unsigned long long)l->parked_now, settled);
-}
-
 void pl_broker_set_draining(pl_broker *b)
 {
     b->draining = 1;
@@ -762,15 +565,17 @@ void pl_broker_close_parked(pl_broker *b)
 void pl_broker_stop(pl_broker *b)
 {
     uv_close((uv_handle_t *)&b->timer, NULL);
-    uv_close((uv_handle_t *)&b->sweep, NULL);
-    pl_confirm_stop(b->confirm);
+    pl_redirect_stop(b->ring);
+    pl_confirm_loop_stop(b->confirm_loop);
 }
 
 void pl_broker_free(pl_broker *b)
 {
     if (b == NULL)
         return;
-    pl_confirm_free(b->confirm);
+    pl_status_free(b->status);
+    pl_redirect_free(b->ring);
+    pl_confirm_loop_free(b->confirm_loop);
     pl_engine_free(b->engine);
     pl_token_verifier_free(b->verifier);
     pl_free(b);

@@ -11,10 +11,14 @@
 #include <sys/stat.h>
 
 #include "pilotlight/config.h"
+#include "pilotlight/log.h"
 #include "pilotlight/mem.h"
 #include "pilotlight/ring.h"
 
-typedef enum { T_U64, T_LISTEN, T_CHOICE, T_STRING, T_SECRET } setting_type;
+/* T_HEADER: a string sent or compared in an HTTP header, so no control
+ * byte (a secret: never printed); T_CIDRS: address ranges (cidr.h), kept
+ * as written and parsed. */
+typedef enum { T_U64, T_LISTEN, T_CHOICE, T_STRING, T_SECRET, T_HEADER, T_CIDRS } setting_type;
 
 typedef struct {
     const char *name; /* file name; env is PILOTLIGHT_<NAME>, flag --na-me */
@@ -39,6 +43,7 @@ static const char *const order_names[] = {"fifo", "lifo", NULL};
 static const char *const level_names[] = {"error", "warn", "info", "debug", NULL};
 static const char *const delivery_names[] = {"written", "confirm", NULL};
 static const char *const token_mode_names[] = {"disabled", "log", "enforce", NULL};
+static const char *const on_off_names[] = {"on", "off", NULL};
 #define DAY_MS 86400000ULL
 
 static const setting settings[] = {
@@ -49,8 +54,18 @@ static const setting settings[] = {
     LISTEN(dispatch_listen, "",
            "separate address for dispatch, /metrics and /debug/waiters; when set, "
            "the controllers' address refuses those (empty = off)"),
-    STRING(dispatch_token, T_SECRET, "",
-           "bearer token required on dispatch and /debug/waiters (empty = none)"),
+    STRING(dispatch_token, T_HEADER, "",
+           "bearer token required on dispatch and /debug/*; a stock supervisor cannot "
+           "send one: only behind a proxy that adds it (empty = none)"),
+    STRING(dispatch_allow, T_CIDRS, "",
+           "who may dispatch and read /metrics, /status and /debug/*: addresses or "
+           "ADDRESS/BITS, comma-separated; others get 403 (empty = anyone)"),
+    U64(dispatch_max_connections, 16, 100000000, "1024",
+        "with dispatch_listen: connections the dispatch listener keeps for itself "
+        "(dispatches, /metrics, the ring's checks), out of reach of the controllers'"),
+    CHOICE(warm_starts, on_off_names, "on",
+           "off: /connect answers 0 (each controller exits at its next /connect) and "
+           "dispatches are answered false at once: the fleet-wide switch"),
     CHOICE(token_mode, token_mode_names, "disabled",
            "signed deployment tokens: disabled, log (verify and count, allow all) "
            "or enforce (401 unless valid)"),
@@ -192,10 +207,45 @@ static int parse_listen(pl_listen_addr *out, const char *v)
     return 0;
 }
 
+/* Whether <v> holds a byte below 0x20 or DEL. */
+static int has_control(const char *v)
+{
+    for (; *v != '\0'; v++)
+        if ((unsigned char)*v < 0x20 || *v == 0x7f)
+            return 1;
+    return 0;
+}
+
+/* <v> as a message may show it: at most 64 bytes, control bytes as \xNN,
+ * so that a CR or LF inside a value cannot break the message's line. */
+static const char *shown(const char *v, char out[272])
+{
+    static const char hex[] = "0123456789abcdef";
+    size_t o = 0, i;
+
+    for (i = 0; v[i] != '\0' && i < 64; i++) {
+        unsigned char ch = (unsigned char)v[i];
+        if (ch < 0x20 || ch == 0x7f) {
+            out[o++] = '\\';
+            out[o++] = 'x';
+            out[o++] = hex[ch >> 4];
+            out[o++] = hex[ch & 15];
+        } else {
+            out[o++] = (char)ch;
+        }
+    }
+    if (v[i] != '\0') {
+        memcpy(out + o, "...", 3);
+        o += 3;
+    }
+    out[o] = '\0';
+    return out;
+}
+
 static int apply(pl_config *cfg, const setting *s, const char *v, char *err,
                  size_t errlen)
 {
-    char *base = (char *)cfg + s->offset, *end;
+    char *base = (char *)cfg + s->offset, *end, show[272], msg[160];
     unsigned long long n;
 
     switch (s->type) {
@@ -207,12 +257,25 @@ static int apply(pl_config *cfg, const setting *s, const char *v, char *err,
         if (parse_listen((pl_listen_addr *)(void *)base, v) == 0)
             return 0;
         snprintf(err, errlen, "%s: '%s' is not HOST:PORT (HOST: an IPv4 address, "
-                 "[IPv6] or a host name)", s->name, v);
+                 "[IPv6] or a host name)", s->name, shown(v, show));
         return -EINVAL;
     case T_STRING:
     case T_SECRET:
+    case T_HEADER:
+    case T_CIDRS:
         if (strlen(v) >= PL_CONFIG_STRING_MAX) {
             snprintf(err, errlen, "%s: longer than %d bytes", s->name, PL_CONFIG_STRING_MAX - 1);
+            return -EINVAL;
+        }
+        if (s->type == T_HEADER && has_control(v)) {
+            /* the value itself is not echoed: it is a secret */
+            snprintf(err, errlen, "%s: holds a control character (CR, LF, TAB ...), which "
+                     "no HTTP header can carry", s->name);
+            return -EINVAL;
+        }
+        if (s->type == T_CIDRS &&
+            pl_cidr_parse(v, &cfg->dispatch_allow_nets, msg, sizeof(msg)) != 0) {
+            snprintf(err, errlen, "%s: %s", s->name, msg);
             return -EINVAL;
         }
         memcpy(base, v, strlen(v) + 1);
@@ -224,7 +287,8 @@ static int apply(pl_config *cfg, const setting *s, const char *v, char *err,
                 return 0;
             }
         }
-        n = (unsigned long long)snprintf(err, errlen, "%s: '%s' is not one of", s->name, v);
+        n = (unsigned long long)snprintf(err, errlen, "%s: '%s' is not one of", s->name,
+                                         shown(v, show));
         for (int i = 0; s->choices[i] && n < errlen; i++)
             n += (unsigned long long)snprintf(err + n, errlen - n, " %s", s->choices[i]);
         return -EINVAL;
@@ -234,7 +298,8 @@ static int apply(pl_config *cfg, const setting *s, const char *v, char *err,
         if (!isdigit((unsigned char)v[0]) || *end != '\0' || errno != 0 ||
             n < s->min || n > s->max) {
             snprintf(err, errlen, "%s: '%s' is not a whole number from %llu to %llu",
-                     s->name, v, (unsigned long long)s->min, (unsigned long long)s->max);
+                     s->name, shown(v, show), (unsigned long long)s->min,
+                     (unsigned long long)s->max);
             return -EINVAL;
         }
         memcpy(base, &(uint64_t){n}, sizeof(uint64_t));
@@ -243,13 +308,62 @@ static int apply(pl_config *cfg, const setting *s, const char *v, char *err,
     return -EINVAL;
 }
 
+/* Edits (insert, delete, change, swap two neighbours) from a[0..al) to
+ * b[0..bl), case aside; names are short. */
+static unsigned distance(const char *a, size_t al, const char *b, size_t bl)
+{
+    unsigned d[65][65];
+
+    if (al > 64 || bl > 64)
+        return 99;
+    for (size_t i = 0; i <= al; i++)
+        d[i][0] = (unsigned)i;
+    for (size_t j = 0; j <= bl; j++)
+        d[0][j] = (unsigned)j;
+    for (size_t i = 1; i <= al; i++) {
+        for (size_t j = 1; j <= bl; j++) {
+            int ai = tolower((unsigned char)a[i - 1]), bj = tolower((unsigned char)b[j - 1]);
+            unsigned best = d[i - 1][j] + 1;
+            if (d[i][j - 1] + 1 < best)
+                best = d[i][j - 1] + 1;
+            if (d[i - 1][j - 1] + (ai != bj) < best)
+                best = d[i - 1][j - 1] + (ai != bj);
+            if (i > 1 && j > 1 && ai == tolower((unsigned char)b[j - 2]) &&
+                tolower((unsigned char)a[i - 2]) == bj && d[i - 2][j - 2] + 1 < best)
+                best = d[i - 2][j - 2] + 1;
+            d[i][j] = best;
+        }
+    }
+    return d[al][bl];
+}
+
+/* The setting whose name is within two edits of <name>, or NULL: more is
+ * another name, not a typo. */
+static const char *nearest_setting(const char *name, size_t len)
+{
+    const char *best = NULL;
+    unsigned best_d = 3;
+
+    for (size_t i = 0; i < NSETTINGS; i++) {
+        unsigned d = distance(name, len, settings[i].name, strlen(settings[i].name));
+        if (d < best_d) {
+            best_d = d;
+            best = settings[i].name;
+        }
+    }
+    return best;
+}
+
 int pl_config_set(pl_config *cfg, const char *name, const char *value,
                   char *err, size_t errlen)
 {
     const setting *s = find_setting(name, strlen(name));
 
     if (s == NULL) {
-        snprintf(err, errlen, "unknown setting '%s'", name);
+        char show[272];
+        const char *near = nearest_setting(name, strlen(name));
+        snprintf(err, errlen, "unknown setting '%s'%s%s%s", shown(name, show),
+                 near ? " (did you mean " : "", near ? near : "", near ? "?)" : "");
         return -EINVAL;
     }
     return apply(cfg, s, value, err, errlen);
@@ -368,6 +482,11 @@ static int parse_text(pl_config *cfg, const char *path, char *text, size_t len,
     char *p = text, *end = text + len, msg[512];
     int lineno = 0;
 
+    /* A byte-order mark, as some Windows editors write: not part of the
+     * first setting's name. */
+    if (len >= 3 && memcmp(text, "\xef\xbb\xbf", 3) == 0)
+        p += 3;
+
     while (p < end) {
         char *line = p, *nl = memchr(p, '\n', (size_t)(end - p)), *hash, *eq, *s;
         size_t n = (size_t)((nl != NULL ? nl : end) - p);
@@ -416,17 +535,18 @@ static int load_file(pl_config *cfg, const char *path, char *err, size_t errlen)
     return rc;
 }
 
+#define ENV_PREFIX "PILOTLIGHT_"
+
 /* Matches "PILOTLIGHT_<NAME>=" against setting names; returns the setting. */
 static const setting *env_setting(const char *var, const char **value)
 {
-    static const char prefix[] = "PILOTLIGHT_";
     const char *eq = strchr(var, '=');
     char name[64];
     size_t len;
 
-    if (eq == NULL || strncmp(var, prefix, sizeof(prefix) - 1) != 0)
+    if (eq == NULL || strncmp(var, ENV_PREFIX, sizeof(ENV_PREFIX) - 1) != 0)
         return NULL;
-    var += sizeof(prefix) - 1;
+    var += sizeof(ENV_PREFIX) - 1;
     len = (size_t)(eq - var);
     if (len >= sizeof(name))
         return NULL;
@@ -434,6 +554,50 @@ static const setting *env_setting(const char *var, const char **value)
         name[i] = (char)tolower((unsigned char)var[i]);
     *value = eq + 1;
     return find_setting(name, len);
+}
+
+/* Whether "PILOTLIGHT_<name>" is a variable that is not a setting by
+ * design: the two pilotlight reads itself, and those Kubernetes puts in
+ * every pod for each Service of its namespace (a Service
+ * "pilotlight-dispatch" gives PILOTLIGHT_DISPATCH_SERVICE_HOST, ..._PORT,
+ * ..._PORT_8081_TCP_ADDR, ...). <name> is upper case, as set. */
+static int env_not_a_setting(const char *name)
+{
+    size_t len = strlen(name);
+
+    return strcmp(name, "CONFIG") == 0 || strcmp(name, "UPGRADE_FD") == 0 ||
+           strstr(name, "_SERVICE_HOST") != NULL || strstr(name, "_SERVICE_PORT") != NULL ||
+           (len >= 5 && strcmp(name + len - 5, "_PORT") == 0) || strstr(name, "_PORT_") != NULL;
+}
+
+/* The environment variable <var>, PILOTLIGHT_<name>=..., names no
+ * setting: one a couple of edits from a setting is a misspelling, refused
+ * as a file's would be; another is noted (cfg->notes), for the log.
+ * Returns 0, or -EINVAL with the message in <err>. */
+static int env_unknown(pl_config *cfg, const char *var, char *err, size_t errlen)
+{
+    const char *rest = var + sizeof(ENV_PREFIX) - 1, *eq = strchr(var, '='), *near;
+    size_t len = eq != NULL ? (size_t)(eq - rest) : strlen(rest), used = strlen(cfg->notes);
+    char name[72], lower[72], show[272], upper[72];
+
+    if (strncmp(var, ENV_PREFIX, sizeof(ENV_PREFIX) - 1) != 0)
+        return 0;
+    snprintf(name, sizeof(name), "%.*s", (int)(len < 64 ? len : 64), rest);
+    if (env_not_a_setting(name))
+        return 0;
+    for (size_t i = 0; i <= strlen(name); i++)
+        lower[i] = (char)tolower((unsigned char)name[i]);
+    if ((near = nearest_setting(lower, strlen(lower))) != NULL) {
+        for (size_t i = 0; i <= strlen(near) && i < sizeof(upper); i++)
+            upper[i] = (char)toupper((unsigned char)near[i]);
+        snprintf(err, errlen, "environment " ENV_PREFIX "%s: no such setting (did you mean "
+                 ENV_PREFIX "%s?)", shown(name, show), upper);
+        return -EINVAL;
+    }
+    if (used + 128 < sizeof(cfg->notes))
+        snprintf(cfg->notes + used, sizeof(cfg->notes) - used,
+                 "environment " ENV_PREFIX "%s names no setting: ignored\n", shown(name, show));
+    return 0;
 }
 
 /* Matches "--na-me" or "--na-me=value"; returns the setting. */
@@ -595,6 +759,8 @@ int pl_config_load(pl_config *cfg, int argc, char **argv, char **envp,
     for (int i = 0; envp && envp[i]; i++) {
         const char *v;
         const setting *s = env_setting(envp[i], &v);
+        if (s == NULL && env_unknown(cfg, envp[i], err, errlen) != 0)
+            return -EINVAL;
         if (s != NULL && apply(cfg, s, v, msg, sizeof(msg)) != 0) {
             snprintf(err, errlen, "environment %.*s", (int)(strchr(envp[i], '=') - envp[i]), envp[i]);
             snprintf(err + strlen(err), errlen - strlen(err), ": %s", msg);
@@ -635,9 +801,11 @@ static void print_value(const pl_config *cfg, const setting *s, FILE *out)
         break;
     }
     case T_STRING:
+    case T_CIDRS:
         fputs(base, out);
         break;
     case T_SECRET:
+    case T_HEADER: /* dispatch_token: a secret too */
         fputs(*base ? "(set)" : "", out);
         break;
     case T_CHOICE: {
@@ -708,11 +876,42 @@ void pl_config_diff(const pl_config *old, const pl_config *cfg,
     }
 }
 
-uint64_t pl_config_fit_nofile(pl_config *cfg, uint64_t nofile)
+uint64_t pl_config_fit_nofile(pl_config *cfg, uint64_t nofile, pl_config_fds *fds)
 {
-    const uint64_t reserve = 64;
+    /* The process's own: listeners, the loop's, logs, the spare given up
+     * to refuse, the connections being answered 503 over a limit. */
+    const uint64_t own = 64;
+    int split = cfg->dispatch_listen.host[0] != '\0';
+    uint64_t ring = cfg->ring_peers[0] != '\0' || cfg->ring_dns[0] != '\0' ? PL_RING_MEMBERS_MAX : 0;
+    uint64_t dispatch = split ? cfg->dispatch_max_connections : 0;
+    /* A limit that small is a test's: half of it for connections. */
+    uint64_t left = nofile > 2 * own + ring ? nofile - own - ring : nofile / 2, used;
 
-    if (cfg->max_connections + reserve > nofile)
-        cfg->max_connections = nofile > 2 * reserve ? nofile - reserve : nofile / 2;
+    /* A limit too small for both: the dispatch plane keeps a quarter. */
+    if (split && dispatch + cfg->max_connections > left && dispatch > left / 4)
+        dispatch = left / 4;
+    if (split)
+        cfg->dispatch_max_connections = dispatch;
+    if (cfg->max_connections > left - dispatch)
+        cfg->max_connections = left - dispatch;
+    if (fds != NULL) {
+        used = cfg->max_connections + dispatch + ring;
+        fds->nofile = nofile;
+        fds->controllers = cfg->max_connections;
+        fds->dispatch = dispatch;
+        fds->ring = ring;
+        fds->own = nofile > used ? nofile - used : 0;
+    }
     return cfg->max_connections;
+}
+
+void pl_config_log_notes(const pl_config *cfg)
+{
+    const char *note = cfg->notes, *nl;
+    char esc[sizeof(cfg->notes) * 6];
+
+    for (; (nl = strchr(note, '\n')) != NULL; note = nl + 1) {
+        pl_log_escape(esc, sizeof(esc), note, (size_t)(nl - note));
+        PL_LOG(PL_LOG_WARN, "configuration", "\"note\":\"%s\"", esc);
+    }
 }

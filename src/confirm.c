@@ -1,5 +1,6 @@
 /* confirm.c -- delivery = confirm: a run written to a controller, until that
- * controller's TCP stack has acknowledged it or cannot have it. */
+ * controller's TCP stack has acknowledged it or cannot have it; and how
+ * each acknowledgement is learnt. */
 #include <errno.h>
 #include <string.h>
 
@@ -12,70 +13,19 @@
 #include "pilotlight/mem.h"
 #include "pilotlight/pool.h"
 
-/* ---- the decision ---- */
-
-uint64_t pl_confirm_wait_ms(const pl_confirm_facts *f, uint64_t max_ms)
-{
-    /* Unknown values are taken as Linux's first RTO (1 s), no round trip. */
-    uint64_t rt = (uint64_t)f->rtt_us + 4 * (uint64_t)f->rttvar_us;
-    uint64_t rto = f->rto_us != 0 ? f->rto_us : 1000000;
-    uint64_t ms = (3 * (rt + rto) + 999) / 1000 + 2 * PL_CONFIRM_DELACK_MS;
-
-    return ms < max_ms ? ms : max_ms;
-}
-
-pl_confirm_action pl_confirm_decide(const pl_confirm_facts *f, const pl_confirm_times *t,
-                                    uint64_t now, uint64_t *until, pl_confirm_outcome *why)
-{
-    uint64_t end;
-
-    if (f->acked) {
-        *why = PL_CONFIRM_ACKED;
-        return PL_CONFIRM_DELIVERED;
-    }
-    if (f->unsent) {
-        /* Its HTTP client cannot act on part of a response: taking the run
-         * back (a reset drops the rest) is safe, and worth it once the
-         * controller is gone, the budget spent, or another poll waits. */
-        if (f->fin || f->reset || f->gave_up || now >= t->deadline ||
-            (t->others && now >= t->late_at)) {
-            *why = PL_CONFIRM_UNSENT;
-            return PL_CONFIRM_RETRY;
-        }
-        *until = t->others && t->late_at < t->deadline ? t->late_at : t->deadline;
-        return PL_CONFIRM_WAIT;
-    }
-    if (f->reset && f->fin) {
-        /* Its FIN, sent as it closed, did not acknowledge the run, and the
-         * rest of the run met a closed socket: no reader had it whole. */
-        *why = PL_CONFIRM_CLOSED_UNREAD;
-        return PL_CONFIRM_RETRY;
-    }
-    if (f->reset) {
-        /* A reset carries an ACK that Linux does not read: whether the run
-         * was taken cannot be known. A reader that took it closes with a FIN
-         * that acknowledges it; one that closes with the run unread resets.
-         * Not offered again, as it may have been read; false, as a false
-         * costs a cold start where a wrong true costs the run's time. */
-        *why = PL_CONFIRM_RESET_AFTER_SEND;
-        return PL_CONFIRM_UNDECIDED;
-    }
-    end = f->left_at + pl_confirm_wait_ms(f, t->wait_max_ms);
-    if (now >= end) {
-        *why = PL_CONFIRM_UNACKNOWLEDGED;
-        return PL_CONFIRM_RETRY;
-    }
-    *until = end;
-    return PL_CONFIRM_WAIT;
-}
-
 /* ---- the deliveries awaiting a decision ---- */
 
 /* An attempt is late, and the kernel is asked what it knows, once its ACK
  * has taken longer than ACKs take here (mean + 4 deviations of the reports
- * seen, as TCP's retransmit timer), at least this long: above Linux's
- * shortest delayed ACK (40 ms). */
+ * seen, as TCP's retransmit timer), at least LATE_MIN_MS: above Linux's
+ * shortest delayed ACK (40 ms); at most LATE_MAX_MS: above its longest
+ * (200 ms), so that no sequence of slow readers can make a late attempt
+ * wait longer (what one connection teaches cannot hurt another). The
+ * reports learnt from are those of runs that fit a few segments
+ * (LEARN_MAX_BYTES): a large run's ACK time is its transfer's. */
 #define LATE_MIN_MS 50
+#define LATE_MAX_MS 250
+#define LEARN_MAX_BYTES 8192
 
 /* A controller whose ACK came with its next request is asked for its ACK
  * only once that request is this late, then each time its wait has
@@ -92,11 +42,23 @@ pl_confirm_action pl_confirm_decide(const pl_confirm_facts *f, const pl_confirm_
 #define SWEEP_GAP_MAX_NS 10000000
 
 /* A swept delivery no turn has confirmed this long after its write is
- * polled each millisecond, and the timer that ends the window makes sure
+ * polled each millisecond; the record's due at the window's end makes sure
  * a loop with nothing else to do looks. Not shorter: a timer due within
  * the kernel's tick makes every blocking epoll_wait reprogram the CPU's
  * timer, a VM exit here. */
 #define SWEEP_WINDOW_MS 20
+
+/* The owner's switch for a connection's ACK reports (pl_conn_set_reports):
+ * what confirm remembers of it between deliveries. */
+enum {
+    SW_NEW = 0,                   /* never set: reports to be turned on */
+    SW_ON = PL_CONN_REPORTS_ON,   /* each run's write asks for a report */
+    SW_RIDE,  /* its last ACK came with its next request, which says as much
+               * as a report would: its writes ask for none, saving a
+               * recvmsg() and libuv's EPOLL_CTL_MOD per delivery */
+    SW_SKIP,  /* this write asks for none: the broker is busy, and looks on
+               * the loop's next turns instead (back to SW_ON after it) */
+};
 
 /* When an ACK is overdue, the next polls of its key are probed, so that a
  * run that has to move on finds the dead ones among them already known. */
@@ -122,7 +84,7 @@ struct rec {
     pl_waiter *w;         /* the attempt's waiter, pending in the engine */
     pl_conn *controller;  /* the attempt's connection, held */
     pl_conn *dispatcher;  /* NULL once it went away */
-    uint64_t start_ns;    /* the dispatch arrived (uv_hrtime) */
+    uint64_t start_ns;    /* the dispatch arrived (io->now_ns) */
     uint64_t deadline;    /* of the dispatch (loop ms, as all below) */
     uint64_t written;     /* this attempt's payload was written */
     uint64_t late_at;     /* ask the kernel from then on */
@@ -134,6 +96,7 @@ struct rec {
     uint64_t left_at;     /* its whole payload was first seen to have left,
                            * at this time; 0 until then */
     pl_confirm_outcome last; /* how the last failed attempt ended */
+    uint32_t note;        /* the caller's (pl_confirm_start) */
     unsigned how : 2;     /* HOW_* */
     unsigned late : 1;    /* past late_at: the kernel was asked */
     unsigned overdue : 1; /* its ACK is overdue for its path: counted in
@@ -147,29 +110,31 @@ struct rec {
 };
 
 struct pl_confirm {
-    uv_loop_t *loop;
+    const pl_confirm_io *io;
+    void *drv;
     pl_engine *engine;
-    pl_metrics *m;
+    pl_confirm_counters *m;
     pl_confirm_opts opts;
     pl_confirm_answer_fn answer;
+    pl_confirm_poll_fn poll_ok;
     void *arg;
     rec *recs;
     size_t nrecs;
     rec *fresh;              /* swept records in their window, oldest first */
     unsigned overdue;        /* records whose ACK is overdue */
     uint64_t suspect_until;  /* a controller was just taken for dead */
-    uv_timer_t timer;        /* the earliest record due */
-    uint64_t timer_due;
-    uv_check_t sweep;        /* looks at the fresh records after each turn */
-    uv_timer_t sweep_timer;  /* ends the oldest one's window */
+    uint64_t armed;          /* the due io->arm() was last given */
     uint64_t turns;          /* loop turns swept, to skip a record's own */
     uint64_t dispatch_ns, gap_ns; /* the last dispatch; the gaps' EWMA */
     uint64_t ack_srtt_ns, ack_rttvar_ns; /* ACK report times, as TCP's RTO */
 };
 
+#define NOW(cf) ((cf)->io->now((cf)->drv))
+#define NOW_NS(cf) ((cf)->io->now_ns((cf)->drv))
+
 static void look(pl_confirm *cf, rec *r, uint64_t now, int final);
 static void controller_closed(void *obj, pl_conn *c);
-static void controller_event(void *obj, pl_conn *c, int ev);
+static void controller_event(void *obj, pl_conn *c, int ev, int arg);
 static void dispatcher_closed(void *obj, pl_conn *c);
 
 static pl_conn_owner controller_owner = {controller_closed, controller_event, 0};
@@ -181,19 +146,15 @@ static size_t rec_size(const rec *r)
            r->msg.key.deployment_len + r->msg.key.version_len;
 }
 
-/* ---- timers ---- */
+/* ---- when to look ---- */
 
-static void tick(uv_timer_t *t);
-
-/* Makes the timer fire by <due> (it may fire early and re-arm). */
+/* Makes the driver tick by <due> (it may tick early, and re-arm). */
 static void arm(pl_confirm *cf, uint64_t due)
 {
-    uint64_t now = uv_now(cf->loop);
-
-    if (uv_is_active((uv_handle_t *)&cf->timer) && cf->timer_due <= due)
+    if (cf->armed != UINT64_MAX && cf->armed <= due)
         return;
-    cf->timer_due = due;
-    uv_timer_start(&cf->timer, tick, due > now ? due - now : 0, 0);
+    cf->armed = due;
+    cf->io->arm(cf->drv, due);
 }
 
 static void schedule(pl_confirm *cf, rec *r, uint64_t due)
@@ -202,12 +163,12 @@ static void schedule(pl_confirm *cf, rec *r, uint64_t due)
     arm(cf, due);
 }
 
-static void tick(uv_timer_t *t)
+void pl_confirm_tick(pl_confirm *cf)
 {
-    pl_confirm *cf = t->data;
-    uint64_t now = uv_now(cf->loop), next = UINT64_MAX;
+    uint64_t now = NOW(cf), next = UINT64_MAX;
     rec *r, *after;
 
+    cf->armed = UINT64_MAX;
     for (r = cf->recs; r != NULL; r = after) {
         after = r->next;
         if (r->due <= now)
@@ -216,15 +177,11 @@ static void tick(uv_timer_t *t)
     /* A record looked at either went or has a later due. */
     for (r = cf->recs; r != NULL; r = r->next)
         next = r->due < next ? r->due : next;
-    uv_timer_stop(t);
     if (next != UINT64_MAX)
         arm(cf, next);
 }
 
 /* ---- the busy broker's looks on the loop's next turns ---- */
-
-static void sweep_cb(uv_check_t *check);
-static void sweep_timer_cb(uv_timer_t *t);
 
 static void fresh_join(pl_confirm *cf, rec *r)
 {
@@ -232,11 +189,7 @@ static void fresh_join(pl_confirm *cf, rec *r)
     r->fresh = 1;
     DL_APPEND2(cf->fresh, r, fprev, fnext);
     if (r == cf->fresh)
-        uv_check_start(&cf->sweep, sweep_cb);
-    /* Started once and left to run out, not moved for every delivery: it
-     * is there for a loop with nothing else to wake it. */
-    if (!uv_is_active((uv_handle_t *)&cf->sweep_timer))
-        uv_timer_start(&cf->sweep_timer, sweep_timer_cb, SWEEP_WINDOW_MS, 0);
+        cf->io->turns(cf->drv, 1);
 }
 
 static void fresh_leave(pl_confirm *cf, rec *r)
@@ -246,63 +199,54 @@ static void fresh_leave(pl_confirm *cf, rec *r)
     r->fresh = 0;
     DL_DELETE2(cf->fresh, r, fprev, fnext);
     if (cf->fresh == NULL)
-        uv_check_stop(&cf->sweep);
+        cf->io->turns(cf->drv, 0);
 }
 
 static void acked(pl_confirm *cf, rec *r, pl_confirm_method how);
 
-/* Looks at the fresh records written before this turn: an acknowledged one
- * is confirmed, one past its window is polled from now on. */
-static void sweep(pl_confirm *cf)
+/* Looks at the fresh record <r>, written before this turn: acknowledged,
+ * it is confirmed; past its window, polled from now on. */
+static void sweep_one(pl_confirm *cf, rec *r, uint64_t now)
 {
-    uint64_t now = uv_now(cf->loop);
+    int state = cf->io->acknowledged(r->controller);
+
+    if (state == 0) {
+        acked(cf, r, PL_CONFIRM_BY_NEXT_TURN);
+    } else if (state != -EAGAIN || now - r->written >= SWEEP_WINDOW_MS) {
+        fresh_leave(cf, r);
+        r->how = HOW_POLL;
+        r->swept = 1;
+        r->look_at = now + 1;
+        schedule(cf, r, r->look_at < r->late_at ? r->look_at : r->late_at);
+    }
+}
+
+void pl_confirm_turn(pl_confirm *cf)
+{
+    uint64_t now = NOW(cf);
     rec *r, *after;
 
     for (r = cf->fresh; r != NULL && r->turn != cf->turns; r = after) {
-        int state = pl_conn_acknowledged(r->controller);
         after = r->fnext;
-        if (state == 0) {
-            acked(cf, r, PL_CONFIRM_BY_NEXT_TURN);
-        } else if (state != -EAGAIN || now - r->written >= SWEEP_WINDOW_MS) {
-            fresh_leave(cf, r);
-            r->how = HOW_POLL;
-            r->swept = 1;
-            r->look_at = now + 1;
-            schedule(cf, r, r->look_at < r->late_at ? r->look_at : r->late_at);
-        }
+        sweep_one(cf, r, now);
     }
-}
-
-static void sweep_cb(uv_check_t *check)
-{
-    pl_confirm *cf = check->data;
-
-    sweep(cf);
     cf->turns++;
 }
 
-static void sweep_timer_cb(uv_timer_t *t)
+void pl_confirm_note_dispatch(pl_confirm *cf)
 {
-    pl_confirm *cf = t->data;
-    uint64_t now = uv_now(cf->loop), due;
+    uint64_t ns, gap;
 
-    sweep(cf);
-    if (cf->fresh != NULL) {
-        due = cf->fresh->written + SWEEP_WINDOW_MS;
-        uv_timer_start(t, sweep_timer_cb, due > now ? due - now : 1, 0);
-    }
-}
-
-void pl_confirm_note_dispatch(pl_confirm *cf, uint64_t ns)
-{
-    uint64_t gap = ns - cf->dispatch_ns;
-
+    if (!cf->opts.on)
+        return;
+    ns = NOW_NS(cf);
+    gap = ns - cf->dispatch_ns;
     cf->dispatch_ns = ns;
     gap = gap < SWEEP_GAP_MAX_NS ? gap : SWEEP_GAP_MAX_NS;
     cf->gap_ns = (7 * cf->gap_ns + gap) / 8;
 }
 
-int pl_confirm_busy(const pl_confirm *cf)
+static int busy(const pl_confirm *cf)
 {
     return cf->gap_ns < SWEEP_GAP_NS;
 }
@@ -315,13 +259,15 @@ static uint64_t late_ms(const pl_confirm *cf)
 {
     uint64_t ms = (cf->ack_srtt_ns + 4 * cf->ack_rttvar_ns) / 1000000 + 1;
 
-    return ms > LATE_MIN_MS ? ms : LATE_MIN_MS;
+    return ms < LATE_MIN_MS ? LATE_MIN_MS : ms > LATE_MAX_MS ? LATE_MAX_MS : ms;
 }
 
 static void learn(pl_confirm *cf, uint64_t ns)
 {
     uint64_t d;
 
+    if (ns > LATE_MAX_MS * 1000000ULL)
+        ns = LATE_MAX_MS * 1000000ULL; /* no one sample weighs more */
     if (cf->ack_srtt_ns == 0) {
         cf->ack_srtt_ns = ns;
         cf->ack_rttvar_ns = ns / 2;
@@ -333,36 +279,53 @@ static void learn(pl_confirm *cf, uint64_t ns)
 }
 
 /* Takes the attempt pl_engine_deliver() left pending in <d>: the
- * controller's connection is held, and its ACK watched by the kernel's
- * report where it gives one, else by its next request or by looking. */
+ * controller's connection is held, and its ACK learnt by the kernel's
+ * report where its write asked for one, else by its next request (it
+ * rides), by the loop's next turns (busy) or by asking now and then. */
 static void attempt_begin(pl_confirm *cf, rec *r, const pl_delivery *d, uint64_t now)
 {
-    int how;
+    unsigned st, sw;
+    int refused;
 
     r->w = d->waiter;
     r->controller = d->owner;
     r->waited_ms = d->waited_ms;
     r->written = now;
+    /* Never later than the dispatch's own deadline. */
     r->late_at = now + late_ms(cf);
+    if (r->late_at > r->deadline)
+        r->late_at = r->deadline;
     r->late = r->overdue = r->swept = 0;
     r->left_at = 0;
-    pl_conn_set_owner(r->controller, r, &controller_owner);
-    pl_conn_hold(r->controller);
-    how = pl_conn_expect_ack(r->controller);
-    if (how == PL_CONN_ACK_REFUSED)
-        cf->m->ack_events_refused++; /* set on the socket, refused per write */
-    if (how == PL_CONN_ACK_REPORT) {
+    cf->io->set_owner(r->controller, r, &controller_owner);
+    cf->io->hold(r->controller);
+    st = cf->io->reports(r->controller);
+    sw = st & 3;
+    refused = (st & PL_CONN_REPORTS_REFUSED) != 0;
+    if (refused && sw == SW_ON) {
+        /* The kernel took the option but refused this write's request: no
+         * report comes on this connection. Counted once. */
+        cf->m->ack_events_refused++;
+        sw = SW_RIDE;
+        cf->io->set_reports(r->controller, sw);
+    }
+    if (sw == SW_SKIP)
+        cf->io->set_reports(r->controller, SW_ON);
+    if (st & PL_CONN_REPORT_DUE) {
         r->how = HOW_REPORT;
-        r->sent_ns = uv_hrtime();
+        r->sent_ns = NOW_NS(cf);
         r->look_at = UINT64_MAX;
-    } else if (how == PL_CONN_ACK_NEXT_REQUEST) {
+    } else if (sw == SW_RIDE && !refused) {
         r->how = HOW_RIDE;
         r->look_at = now + RIDE_MS;
-    } else if (pl_confirm_busy(cf)) {
+    } else if (busy(cf)) {
         r->how = HOW_SWEEP;
         r->look_at = UINT64_MAX; /* the turns look; then polled */
         fresh_join(cf, r);
+        schedule(cf, r, now + SWEEP_WINDOW_MS < r->late_at ? now + SWEEP_WINDOW_MS : r->late_at);
+        return;
     } else {
+        /* no report: refused, or the write went out in pieces */
         r->how = HOW_POLL;
         r->look_at = now + 1;
     }
@@ -388,21 +351,23 @@ static void finish(pl_confirm *cf, rec *r, pl_dispatch_result result)
     if (r->w != NULL) {
         PL_ASSERT(result == PL_DISPATCH_HIT);
         pl_engine_confirm(cf->engine, r->w, PL_OUTCOME_MATCHED);
-        pl_conn_release(r->controller);
+        cf->io->release(r->controller);
         r->w = NULL;
     }
     if (result == PL_DISPATCH_MISS && r->failed &&
         (r->last == PL_CONFIRM_UNACKNOWLEDGED || r->last == PL_CONFIRM_RESET_AFTER_SEND))
         result = PL_DISPATCH_UNCONFIRMED;
     if (r->dispatcher != NULL)
-        pl_conn_set_owner(r->dispatcher, NULL, NULL);
-    cf->answer(cf->arg, r->dispatcher, result, r->waited_ms, r->start_ns);
+        cf->io->set_owner(r->dispatcher, NULL, NULL);
+    cf->answer(cf->arg, r->dispatcher, &r->msg, r->note, result, r->waited_ms, r->start_ns);
     DL_DELETE(cf->recs, r);
     cf->nrecs--;
     /* With nothing left to watch the timer stops: left armed, it would cut
      * the loop's sleeps short as it counts down. */
-    if (cf->recs == NULL)
-        uv_timer_stop(&cf->timer);
+    if (cf->recs == NULL && cf->armed != UINT64_MAX) {
+        cf->armed = UINT64_MAX;
+        cf->io->arm(cf->drv, UINT64_MAX);
+    }
     size = rec_size(r); /* before the request it counts is freed */
     pl_buf_free(&r->request);
     pl_pool_free(r, size);
@@ -411,16 +376,18 @@ static void finish(pl_confirm *cf, rec *r, pl_dispatch_result result)
 static void acked(pl_confirm *cf, rec *r, pl_confirm_method how)
 {
     if (how == PL_CONFIRM_BY_ACK_EVENT) {
-        uint64_t ns = uv_hrtime() - r->sent_ns;
-        pl_histogram_observe(&cf->m->confirm_ack_seconds, (double)ns / 1e9);
-        learn(cf, ns);
+        uint64_t ns = NOW_NS(cf) - r->sent_ns;
+        pl_histogram_observe(&cf->m->ack_seconds, (double)ns / 1e9);
+        if (r->msg.payload_len <= LEARN_MAX_BYTES)
+            learn(cf, ns);
     }
     /* A riding connection whose ACK had to be looked for stopped polling
      * again at once: its writes ask for reports again. */
-    if (r->how == HOW_RIDE && how != PL_CONFIRM_BY_NEXT_REQUEST)
-        pl_conn_report_acks(r->controller);
-    cf->m->confirm_method[how]++;
-    cf->m->confirm[PL_CONFIRM_ACKED]++;
+    if (r->how == HOW_RIDE && how != PL_CONFIRM_BY_NEXT_REQUEST &&
+        !(cf->io->reports(r->controller) & PL_CONN_REPORTS_REFUSED))
+        cf->io->set_reports(r->controller, SW_ON);
+    cf->m->method[how]++;
+    cf->m->outcome[PL_CONFIRM_ACKED]++;
     finish(cf, r, PL_DISPATCH_HIT);
 }
 
@@ -432,18 +399,18 @@ static void attempt_fail(pl_confirm *cf, rec *r, pl_confirm_outcome why)
     /* The controller ended it (or it failed) before anything could be
      * known: its doing. Otherwise the broker gave up on it. */
     int theirs = why == PL_CONFIRM_CLOSED_UNREAD || why == PL_CONFIRM_RESET_AFTER_SEND ||
-                 (why == PL_CONFIRM_UNSENT && pl_conn_ended(c) != 0);
+                 (why == PL_CONFIRM_UNSENT && cf->io->ended(c) != 0);
 
     PL_LOG(PL_LOG_DEBUG, "delivery not confirmed", "\"outcome\":%d", (int)why);
-    cf->m->confirm[why]++;
+    cf->m->outcome[why]++;
     r->last = why;
     r->failed = 1;
     fresh_leave(cf, r);
     not_overdue(cf, r);
     if (why == PL_CONFIRM_UNACKNOWLEDGED)
-        cf->suspect_until = uv_now(cf->loop) + cf->opts.wait_max_ms;
-    pl_conn_set_owner(c, NULL, NULL);
-    pl_conn_abort(c);
+        cf->suspect_until = NOW(cf) + cf->opts.wait_max_ms;
+    cf->io->set_owner(c, NULL, NULL);
+    cf->io->abort(c);
     pl_engine_confirm(cf->engine, r->w, theirs ? PL_OUTCOME_DISCONNECT : PL_OUTCOME_ABORTED);
     r->w = NULL;
     r->controller = NULL;
@@ -453,14 +420,19 @@ static void attempt_fail(pl_confirm *cf, rec *r, pl_confirm_outcome why)
  * run is offered to nobody. */
 static int dispatcher_gone(const rec *r)
 {
-    return r->dispatcher == NULL || pl_conn_peer_gone(r->dispatcher);
+    return r->dispatcher == NULL || r->cf->io->peer_gone(r->dispatcher);
 }
 
-static int reoffer_vet(void *owner, void *arg)
+static int reoffer_vet(void *owner, uint64_t parked_at, void *arg)
 {
     rec *r = arg;
+    int v;
 
-    return dispatcher_gone(r) ? PL_VET_STOP : pl_confirm_vet(r->cf, owner);
+    if (dispatcher_gone(r))
+        return PL_VET_STOP;
+    if ((v = r->cf->poll_ok(r->cf->arg, owner, parked_at, &r->msg)) != PL_VET_OFFER)
+        return v;
+    return pl_confirm_vet(r->cf, owner);
 }
 
 /* After a failed attempt: the key's next poll, if the budget allows and
@@ -468,12 +440,13 @@ static int reoffer_vet(void *owner, void *arg)
 static void reoffer(pl_confirm *cf, rec *r, uint64_t now)
 {
     pl_delivery d = {.payload = &r->msg, .vet = reoffer_vet, .vet_arg = r};
+    pl_engine_spot spot;
     int rc = 0;
 
-    if (now < r->deadline)
-        rc = pl_engine_deliver(cf->engine, &r->msg.key, now, &d);
+    if (now < r->deadline && pl_engine_find(cf->engine, &r->msg.key, &spot) == 0)
+        rc = pl_engine_deliver(cf->engine, &spot, now, &d);
     if (rc == PL_DELIVERY_PENDING) {
-        cf->m->confirm[PL_CONFIRM_REDELIVERED]++;
+        cf->m->outcome[PL_CONFIRM_REDELIVERED]++;
         attempt_begin(cf, r, &d, now);
     } else if (rc == PL_DELIVERED) {
         /* delivery = written since a reload: its meaning of true */
@@ -492,8 +465,8 @@ static void probe_one(void *owner, void *arg)
 {
     pl_confirm *cf = arg;
 
-    pl_conn_probe(owner);
-    cf->m->confirm_probes++;
+    cf->io->probe(owner);
+    cf->m->probes++;
 }
 
 static void mark_overdue(pl_confirm *cf, rec *r)
@@ -509,9 +482,10 @@ static void mark_overdue(pl_confirm *cf, rec *r)
  * Returns 0, or a negative errno when it cannot be asked. */
 static int gather(const rec *r, uint64_t now, pl_confirm_facts *f, pl_tcp_facts *t)
 {
-    int end = pl_conn_ended(r->controller), rc;
+    const pl_confirm_io *io = r->cf->io;
+    int end = io->ended(r->controller), rc;
 
-    if ((rc = pl_conn_tcp_info(r->controller, t)) != 0)
+    if ((rc = io->tcp_info(r->controller, t)) != 0)
         return rc;
     memset(f, 0, sizeof(*f));
     f->acked = t->unacked == 0;
@@ -575,14 +549,14 @@ static void decide(pl_confirm *cf, rec *r, uint64_t now, int final)
         if (!f.unsent)
             f.left_at = r->left_at;
         times.others = f.unsent && pl_engine_waiting(cf->engine, &r->msg.key) > 0;
-        action = pl_confirm_decide(&f, &times, now, &until, &why);
+        action = pl_confirm_rule_decide(&f, &times, now, &until, &why);
         PL_LOG(PL_LOG_DEBUG, "delivery looked at",
                "\"action\":%d,\"unacked\":%u,\"unsent\":%u,\"fin\":%d,\"closed\":%d,"
                "\"rtt_us\":%u,\"rttvar_us\":%u,\"rto_us\":%u,\"since_sent_ms\":%u,"
                "\"wait_ms\":%llu,\"age_ms\":%llu",
                (int)action, t.unacked, t.unsent, f.fin, t.closed, t.rtt_us, t.rttvar_us,
                t.rto_us, t.since_sent_ms,
-               (unsigned long long)pl_confirm_wait_ms(&f, cf->opts.wait_max_ms),
+               (unsigned long long)pl_confirm_rule_wait_ms(&f, cf->opts.wait_max_ms),
                (unsigned long long)(now - r->written));
     }
     if (action == PL_CONFIRM_WAIT && final) {
@@ -630,15 +604,19 @@ static void look(pl_confirm *cf, rec *r, uint64_t now, int final)
 {
     int state;
 
-    if (final || r->late || now >= r->late_at || pl_conn_ended(r->controller) != 0) {
+    if (final || r->late || now >= r->late_at || cf->io->ended(r->controller) != 0) {
         decide(cf, r, now, final);
         return;
     }
-    if (r->how == HOW_REPORT || r->how == HOW_SWEEP || now < r->look_at) {
+    if (r->how == HOW_SWEEP) {
+        sweep_one(cf, r, now); /* the window's end, in a loop with nothing else to do */
+        return;
+    }
+    if (r->how == HOW_REPORT || now < r->look_at) {
         schedule(cf, r, r->look_at < r->late_at ? r->look_at : r->late_at);
         return;
     }
-    state = pl_conn_acknowledged(r->controller);
+    state = cf->io->acknowledged(r->controller);
     if (state == 0) {
         acked(cf, r, look_method(r));
         return;
@@ -654,22 +632,25 @@ static void look(pl_confirm *cf, rec *r, uint64_t now, int final)
 
 /* ---- what happens to the connections ---- */
 
-static void controller_event(void *obj, pl_conn *c, int ev)
+static void controller_event(void *obj, pl_conn *c, int ev, int arg)
 {
     rec *r = obj;
     pl_confirm *cf = r->cf;
 
-    (void)c;
     if (ev == PL_CONN_EV_ACKED) {
+        /* The report came with the controller's next request: it rides,
+         * and its writes ask for no more reports. */
+        if (arg)
+            cf->io->set_reports(c, SW_RIDE);
         acked(cf, r, PL_CONFIRM_BY_ACK_EVENT);
     } else if (ev == PL_CONN_EV_DATA) {
         /* A request carries the ACK of what its sender had read: one sent
          * after reading the run (a client that waits for each answer) says
          * it was taken; one sent before (pipelined) does not, and waits. */
-        if (pl_conn_acknowledged(r->controller) == 0)
+        if (cf->io->acknowledged(r->controller) == 0)
             acked(cf, r, PL_CONFIRM_BY_NEXT_REQUEST);
     } else if (ev == PL_CONN_EV_END) {
-        look(cf, r, uv_now(cf->loop), 0);
+        look(cf, r, NOW(cf), 0);
     }
 }
 
@@ -678,7 +659,7 @@ static void controller_closed(void *obj, pl_conn *c)
     rec *r = obj;
 
     (void)c;
-    decide(r->cf, r, uv_now(r->cf->loop), 1);
+    decide(r->cf, r, NOW(r->cf), 1);
 }
 
 static void dispatcher_closed(void *obj, pl_conn *c)
@@ -695,33 +676,33 @@ int pl_confirm_vet(pl_confirm *cf, pl_conn *c)
 {
     pl_tcp_facts t;
 
-    if (cf->overdue == 0 && uv_now(cf->loop) >= cf->suspect_until)
+    if (!cf->opts.on || (cf->overdue == 0 && NOW(cf) >= cf->suspect_until))
         return PL_VET_OFFER;
-    if (pl_conn_tcp_info(c, &t) == 0 && t.probes > 0) {
-        cf->m->confirm_skipped++;
+    if (cf->io->tcp_info(c, &t) == 0 && t.probes > 0) {
+        cf->m->skipped++;
         return PL_VET_SKIP;
     }
     return PL_VET_OFFER;
 }
 
 void pl_confirm_start(pl_confirm *cf, pl_conn *dispatcher, const pl_message *m,
-                      const pl_delivery *d, uint64_t start_ns)
+                      const pl_delivery *d, uint64_t start_ns, uint32_t note)
 {
     size_t dl = m->key.deployment_len, vl = m->key.version_len, pl = 0;
-    uint64_t now = uv_now(cf->loop);
+    uint64_t now = NOW(cf);
     pl_buf request = {0};
     rec *r;
 
     /* The payload is a view into the request's bytes: keeping them saves a
      * copy of it for every delivery. */
-    if (pl_conn_take_request(dispatcher, &request) != 0)
+    if (cf->io->take_request(dispatcher, &request) != 0)
         pl = m->payload_len;
     r = pl_pool_alloc(sizeof(*r) + pl + dl + vl, NULL);
     if (r == NULL) {
         /* Written but cannot be watched: what delivery = written says. */
         pl_buf_free(&request);
         pl_engine_confirm(cf->engine, d->waiter, PL_OUTCOME_MATCHED);
-        cf->answer(cf->arg, dispatcher, PL_DISPATCH_HIT, d->waited_ms, start_ns);
+        cf->answer(cf->arg, dispatcher, m, note, PL_DISPATCH_HIT, d->waited_ms, start_ns);
         return;
     }
     memset(r, 0, sizeof(*r));
@@ -737,40 +718,35 @@ void pl_confirm_start(pl_confirm *cf, pl_conn *dispatcher, const pl_message *m,
     r->msg.key.version = r->data + pl + dl;
     r->dispatcher = dispatcher;
     r->start_ns = start_ns;
+    r->note = note;
     r->deadline = now + cf->opts.timeout_ms;
     DL_PREPEND(cf->recs, r);
     cf->nrecs++;
-    pl_conn_set_owner(dispatcher, r, &dispatcher_owner);
-    pl_conn_hold_on_eof(dispatcher); /* it may half-close as it waits */
+    cf->io->set_owner(dispatcher, r, &dispatcher_owner);
+    cf->io->hold_on_eof(dispatcher); /* it may half-close as it waits */
     attempt_begin(cf, r, d, now);
 }
 
-size_t pl_confirm_pending(const pl_confirm *cf)
-{
-    return cf->nrecs;
-}
 
-pl_confirm *pl_confirm_new(uv_loop_t *loop, pl_engine *engine, pl_metrics *metrics,
-                           const pl_confirm_opts *opts, pl_confirm_answer_fn answer, void *arg)
+pl_confirm *pl_confirm_new(const pl_confirm_io *io, void *drv, pl_engine *engine,
+                           pl_confirm_counters *counters, const pl_confirm_opts *opts,
+                           pl_confirm_answer_fn answer, pl_confirm_poll_fn poll_ok, void *arg)
 {
     pl_confirm *cf = pl_malloc(sizeof(*cf));
 
     if (cf == NULL)
         return NULL;
     memset(cf, 0, sizeof(*cf));
-    cf->loop = loop;
+    cf->io = io;
+    cf->drv = drv;
     cf->engine = engine;
-    cf->m = metrics;
+    cf->m = counters;
     cf->opts = *opts;
     cf->answer = answer;
+    cf->poll_ok = poll_ok;
     cf->arg = arg;
     cf->gap_ns = SWEEP_GAP_MAX_NS;
-    uv_timer_init(loop, &cf->timer);
-    cf->timer.data = cf;
-    uv_check_init(loop, &cf->sweep);
-    cf->sweep.data = cf;
-    uv_timer_init(loop, &cf->sweep_timer);
-    cf->sweep_timer.data = cf;
+    cf->armed = UINT64_MAX;
     return cf;
 }
 
@@ -779,16 +755,53 @@ void pl_confirm_set_opts(pl_confirm *cf, const pl_confirm_opts *opts)
     cf->opts = *opts;
 }
 
+/* ---- the broker's hooks ---- */
+
+void pl_confirm_parked(pl_confirm *cf, pl_conn *c)
+{
+    unsigned sw = cf->io->reports(c) & 3;
+
+    if (!cf->opts.on) {
+        /* Nobody waits for its ACKs: its writes ask for none; should they
+         * matter again (a reload), its next request brings them. */
+        if (sw == SW_ON)
+            cf->io->set_reports(c, SW_RIDE);
+        return;
+    }
+    /* Once per connection: a riding one keeps riding. One whose kernel
+     * refuses reports is counted, and left without. */
+    if (sw == SW_NEW && cf->io->set_reports(c, SW_ON) != 0) {
+        cf->m->ack_events_refused++;
+        cf->io->set_reports(c, SW_RIDE);
+    }
+}
+
+void pl_confirm_writing(pl_confirm *cf, pl_conn *c)
+{
+    /* A report wakes the loop on its own; a busy loop looks itself, on
+     * turns that come anyway. */
+    if (cf->opts.on && busy(cf) && (cf->io->reports(c) & 3) == SW_ON)
+        cf->io->set_reports(c, SW_SKIP);
+}
+
+int pl_confirm_written(pl_confirm *cf)
+{
+    return cf->opts.on ? PL_SETTLE_PENDING : 0;
+}
+
+/* ---- the driver's ---- */
+
+size_t pl_confirm_pending(const pl_confirm *cf)
+{
+    return cf->nrecs;
+}
+
 void pl_confirm_stop(pl_confirm *cf)
 {
-    uint64_t now = uv_now(cf->loop);
+    uint64_t now = NOW(cf);
 
-    /* Normally none: a drained server has closed every connection. */
     while (cf->recs != NULL)
         decide(cf, cf->recs, now, 1);
-    uv_close((uv_handle_t *)&cf->timer, NULL);
-    uv_close((uv_handle_t *)&cf->sweep, NULL);
-    uv_close((uv_handle_t *)&cf->sweep_timer, NULL);
 }
 
 void pl_confirm_free(pl_confirm *cf)

@@ -15,6 +15,13 @@
 #include "pilotlight/reclaim.h"
 #include "pilotlight/tcp.h"
 
+/* Bytes kept behind a parked request (pl_conn_park): one small request.
+ * More, and they are all dropped and the connection closes once the answer
+ * is sent, so that a parked poll costs what it costs whatever its client
+ * sends behind it. Behind another pending request (a dispatch awaiting
+ * its answer, briefly), up to max_header_bytes. */
+#define PARKED_KEEP 1024
+
 /* The kinds of owner connections have, each with what it does when one of
  * its connections ends: a connection keeps the slot, 3 bits, not a
  * pointer. Slot 0 is "no owner". */
@@ -33,12 +40,12 @@ typedef struct {
 static void held_end(pl_conn *c, ssize_t nread);
 static void request_end(pl_conn *c);
 
-void pl__conn_event(pl_conn *c, int ev)
+void pl__conn_event(pl_conn *c, int ev, int arg)
 {
     const pl_conn_owner *o = owners[c->owner];
 
     if (o != NULL && o->on_event != NULL)
-        o->on_event(c->data, c, ev);
+        o->on_event(c->data, c, ev, arg);
 }
 
 /* ---- writing ---- */
@@ -63,7 +70,7 @@ static int conn_write(pl_conn *c, const uv_buf_t *bufs, unsigned n)
     write_req *w;
     uv_buf_t b;
     char *p;
-    int r;
+    int r, reported;
 
     if (c->closing)
         return -EPIPE;
@@ -71,10 +78,10 @@ static int conn_write(pl_conn *c, const uv_buf_t *bufs, unsigned n)
         total += bufs[i].len;
     c->out_bytes += (uint32_t)total;
     /* Queued bytes go first, and the rest after them, unreported. */
-    c->reported = c->acks == ACKS_ON && !c->acks_ride && !c->acks_skip && n <= 2 &&
-                  uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) == 0;
-    c->acks_skip = 0;
-    if (c->reported)
+    reported = c->reports == PL_CONN_REPORTS_ON && c->acks == ACKS_ON && n <= 2 &&
+               uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) == 0;
+    c->ack_waiting = 0;
+    if (reported)
         r = pl__conn_write_reported(c, bufs, n);
     else
         r = uv_try_write((uv_stream_t *)&c->tcp, bufs, n);
@@ -84,9 +91,14 @@ static int conn_write(pl_conn *c, const uv_buf_t *bufs, unsigned n)
         pl__conn_close(c);
         return r;
     }
-    if ((size_t)r == total)
+    if ((size_t)r == total) {
+        if (reported && c->acks == ACKS_ON) {
+            c->ack_want = c->out_bytes - c->ack_origin - 1; /* offset of the last byte */
+            c->ack_waiting = 1;
+        }
         return 0;
-    c->reported = 0; /* its last byte goes out later, unreported */
+    }
+    /* its last byte goes out later, unreported */
     skip = (size_t)r;
     rest = total - skip;
     if (uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) + rest >
@@ -212,7 +224,7 @@ int pl_conn_respond(pl_conn *c, int status, const char *content_type,
     uv_buf_t bufs[2];
     int rc;
     /* A half-closed peer's pipelined requests are still answered. */
-    int keep = c->keep_alive && !h->draining && !h->winding_down &&
+    int keep = c->keep_alive && !h->draining && !h->winding_down && !c->discard &&
                !(c->peer_eof && c->in.len == 0);
 
     if (c->closing || c->finishing)
@@ -240,7 +252,7 @@ int pl_conn_respond(pl_conn *c, int status, const char *content_type,
     put(&p, "\r\n");
     bufs[0] = uv_buf_init(head, (unsigned)(p - head));
     bufs[1] = uv_buf_init((char *)body, (unsigned)len);
-    c->pending = 0;
+    c->pending = c->parked = 0;
     if ((rc = conn_write(c, bufs, len > 0 && !c->head ? 2 : 1)) != 0)
         return rc;
     if (h->cb.on_response)
@@ -416,7 +428,7 @@ static void held_end(pl_conn *c, ssize_t nread)
     c->ended = nread == UV_EOF ? PL_CONN_END_EOF
                : nread == UV_ECONNRESET ? PL_CONN_END_RESET : PL_CONN_END_FAILED;
     uv_read_stop((uv_stream_t *)&c->tcp);
-    pl__conn_event(c, PL_CONN_EV_END);
+    pl__conn_event(c, PL_CONN_EV_END, 0);
 }
 
 /* Bytes for a held <c>: its owner is told they came (and may let it go:
@@ -426,7 +438,7 @@ static void held_end(pl_conn *c, ssize_t nread)
  * connection was closed. */
 static int held_data(pl_conn *c, const char *data, size_t len)
 {
-    pl__conn_event(c, PL_CONN_EV_DATA);
+    pl__conn_event(c, PL_CONN_EV_DATA, 0);
     if (c->closing)
         return -EPIPE;
     if (!c->held && c->in.len == 0)
@@ -452,9 +464,9 @@ static void on_read_end(pl_conn *c, ssize_t nread)
     /* A peer that acknowledged and then reset can leave the report
      * queued behind the reset: it still says every byte was taken. */
     for (int i = 0; i < 4 && c->acks == ACKS_ON && c->ack_waiting; i++) {
-        int rc = pl__conn_take_ack_report(c, 0);
+        int rc = pl__conn_take_ack_report(c);
         if (rc == 0)
-            pl__conn_event(c, PL_CONN_EV_ACKED);
+            pl__conn_event(c, PL_CONN_EV_ACKED, 0);
         else if (rc != -ENOMSG)
             break;
     }
@@ -472,10 +484,6 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     pl_http *h = pl__conn_http(c);
     size_t used;
 
-    if (uv_now(h->loop) != h->read_ms) {
-        h->prev_read_ms = h->read_ms;
-        h->read_ms = uv_now(h->loop);
-    }
     if (nread < 0) {
         on_read_end(c, nread);
         return;
@@ -487,8 +495,8 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
      * carries that ACK, so its report is queued already: take it first,
      * saving the extra wakeup. */
     if ((nread == 0 || (c->acks == ACKS_ON && c->ack_waiting)) &&
-        pl__conn_take_ack_report(c, nread > 0) == 0)
-        pl__conn_event(c, PL_CONN_EV_ACKED);
+        pl__conn_take_ack_report(c) == 0)
+        pl__conn_event(c, PL_CONN_EV_ACKED, nread > 0);
     if (nread == 0 || c->finishing || c->closing)
         return; /* lingering: drop what arrives */
     if (c->held) {
@@ -504,7 +512,15 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         }
     }
     if (c->pending || c->in.len > 0) {
-        /* Pipelined behind an unanswered request: keep it, bounded. */
+        /* Pipelined behind an unanswered request: a little is kept, for
+         * after its answer; more, and nothing is (PENDING_KEEP). */
+        if (c->discard)
+            return;
+        if (c->parked && c->in.len + (size_t)nread > PARKED_KEEP) {
+            pl_buf_free(&c->in);
+            c->discard = 1;
+            return;
+        }
         if ((c->pending && c->in.len + (size_t)nread > h->limits.max_header_bytes) ||
             pl_buf_append(&c->in, buf->base, (size_t)nread) != 0) {
             pl__conn_close(c);
@@ -515,8 +531,12 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         return;
     }
     used = conn_execute(c, buf->base, (size_t)nread);
-    if (used < (size_t)nread && !c->closing && !c->finishing &&
-        pl_buf_append(&c->in, buf->base + used, (size_t)nread - used) != 0)
+    if (used == (size_t)nread || c->closing || c->finishing)
+        return;
+    if (c->parked && (size_t)nread - used > PARKED_KEEP)
+        c->discard = 1; /* behind a parked poll: as above */
+    else if ((c->pending && (size_t)nread - used > h->limits.max_header_bytes) ||
+             pl_buf_append(&c->in, buf->base + used, (size_t)nread - used) != 0)
         pl__conn_close(c);
 }
 
@@ -651,6 +671,11 @@ void pl_conn_set_owner(pl_conn *c, void *obj, pl_conn_owner *ops)
     }
     c->data = obj;
     c->owner = ops->slot & 7;
+}
+
+void pl_conn_park(pl_conn *c)
+{
+    c->parked = 1;
 }
 
 void pl_conn_hold(pl_conn *c)

@@ -24,9 +24,9 @@ int pl__conn_write_reported(pl_conn *c, const uv_buf_t *bufs, unsigned n)
         iov[i] = (struct iovec){bufs[i].base, bufs[i].len};
     r = pl_tcp_send_reported(fd, iov, (int)n);
     if (r == -EINVAL) {
-        /* A kernel taking the option but not the per-write request. */
-        c->acks = ACKS_REFUSED_NEW;
-        c->reported = 0;
+        /* A kernel taking the option but not the per-write request: no
+         * report comes, then or later (pl_conn_reports says so). */
+        c->acks = ACKS_REFUSED;
         return uv_try_write((uv_stream_t *)&c->tcp, bufs, n);
     }
     return r == -EAGAIN ? UV_EAGAIN : (int)r;
@@ -34,10 +34,10 @@ int pl__conn_write_reported(pl_conn *c, const uv_buf_t *bufs, unsigned n)
 
 /* Takes one report off <c>'s error queue. One per call: a queue holding
  * more keeps EPOLLERR raised and is taken on the next turns, never spinning
- * in place. <with_request>: the report came with bytes of a request.
- * Returns 0 when it says the peer acknowledged up to ack_want, -ENOMSG when
- * it does not, -EAGAIN when the queue was empty (or another negative errno). */
-int pl__conn_take_ack_report(pl_conn *c, int with_request)
+ * in place. Returns 0 when it says the peer acknowledged up to ack_want,
+ * -ENOMSG when it does not, -EAGAIN when the queue was empty (or another
+ * negative errno). */
+int pl__conn_take_ack_report(pl_conn *c)
 {
     uint32_t offset;
     int fd = pl__conn_fd(c), rc;
@@ -49,22 +49,18 @@ int pl__conn_take_ack_report(pl_conn *c, int with_request)
     /* Offsets wrap at 2^32; a report at or past the wanted one covers it. */
     if (c->ack_waiting && (int32_t)(offset - c->ack_want) >= 0) {
         c->ack_waiting = 0;
-        c->acks_ride = with_request != 0;
         return 0;
     }
     return -ENOMSG;
 }
 
-int pl_conn_watch_acks(pl_conn *c, int on)
+int pl_conn_set_reports(pl_conn *c, unsigned value)
 {
     int fd = pl__conn_fd(c), rc;
 
-    if (!on) {
-        c->acks_ride = 1;
-        return 0;
-    }
-    if (c->acks != ACKS_OFF)
-        return 0;
+    c->reports = value & 3;
+    if (value != PL_CONN_REPORTS_ON || c->acks != ACKS_OFF)
+        return c->acks == ACKS_REFUSED && value == PL_CONN_REPORTS_ON ? -EOPNOTSUPP : 0;
     c->acks = ACKS_REFUSED;
     if (c->closing || fd < 0)
         return -EBADF;
@@ -77,29 +73,10 @@ int pl_conn_watch_acks(pl_conn *c, int on)
     return 0;
 }
 
-int pl_conn_expect_ack(pl_conn *c)
+unsigned pl_conn_reports(const pl_conn *c)
 {
-    if (c->acks == ACKS_REFUSED_NEW) {
-        c->acks = ACKS_REFUSED;
-        return PL_CONN_ACK_REFUSED;
-    }
-    if (c->acks != ACKS_ON || c->closing || c->out_bytes == c->ack_origin)
-        return PL_CONN_ACK_POLL;
-    if (!c->reported)
-        return c->acks_ride ? PL_CONN_ACK_NEXT_REQUEST : PL_CONN_ACK_POLL;
-    c->ack_want = c->out_bytes - c->ack_origin - 1; /* offset of the last byte */
-    c->ack_waiting = 1;
-    return PL_CONN_ACK_REPORT;
-}
-
-void pl_conn_report_acks(pl_conn *c)
-{
-    c->acks_ride = 0;
-}
-
-void pl_conn_skip_ack_report(pl_conn *c)
-{
-    c->acks_skip = 1;
+    return c->reports | (c->ack_waiting ? PL_CONN_REPORT_DUE : 0) |
+           (c->acks == ACKS_REFUSED ? PL_CONN_REPORTS_REFUSED : 0);
 }
 
 /* ---- what TCP knows of it ---- */
@@ -144,24 +121,16 @@ void pl_conn_probe(pl_conn *c)
         pl_tcp_probe(fd);
 }
 
+int pl_conn_peer_address(const pl_conn *c, struct sockaddr_storage *ss)
+{
+    int len = sizeof(*ss);
+
+    return uv_tcp_getpeername(&c->tcp, (struct sockaddr *)ss, &len);
+}
+
 int pl_conn_ended(const pl_conn *c)
 {
     return c->ended;
-}
-
-uint64_t pl_conn_read_delay_max(const pl_conn *c)
-{
-    const pl_http *h = pl__conn_http(c);
-
-    /* A poll that returned any read of this server's saw every socket
-     * that had bytes then (level-triggered, one batch): what is read later
-     * came after it. */
-    return uv_now(h->loop) - h->prev_read_ms;
-}
-
-int pl_conn_peer_eof(const pl_conn *c)
-{
-    return c->closing || c->peer_eof;
 }
 
 int pl_conn_peer_gone(const pl_conn *c)

@@ -58,12 +58,10 @@ static void timer_cb(uv_timer_t *t)
 
 static void timer_arm(pl_http *h, uint64_t due)
 {
-    uint64_t now = uv_now(h->loop);
-
     if (h->timer_due != 0 && h->timer_due <= due)
         return;
     h->timer_due = due;
-    uv_timer_start(&h->timer, timer_cb, due > now ? due - now : 0, 0);
+    pl_timer_at(&h->timer, timer_cb, due, 0);
 }
 
 /* A connection whose answer arrived while pipelined bytes waited behind

@@ -62,15 +62,26 @@ static int held(const pl_waiter *w)
 struct pl_engine_entry {
     UT_hash_handle hh; /* by encoded key */
     pl_waiter *head;   /* utlist: head->qprev is the tail */
+    pl_entry *dprev, *dnext; /* in its deployment's bucket (deps) */
     uint32_t count;
-    uint32_t mark;     /* the caller's (pl_engine_spot) */
+    uint32_t mark;     /* the callers' words (pl_engine_spot) */
+    uint32_t note;
     uint32_t keylen;
+    uint32_t dhash;    /* its deployment's hash (see id_hash) */
     unsigned char keybytes[];
 };
+
+/* The keys by deployment, for a dispatch that found nobody: what is parked
+ * nearest its key (pl_engine_nearest). A key entry joins its deployment's
+ * bucket as it is made and leaves it as it is freed: no allocation, and
+ * nothing per waiter. The deployment's hash is the one the id index
+ * computes at every park anyway. */
+#define DEP_BUCKETS 1024
 
 struct pl_engine {
     pl_engine_opts opts;
     pl_entry *entries;      /* uthash head, by key */
+    pl_entry *deps[DEP_BUCKETS]; /* utlist heads, by deployment (dhash) */
     /* uthash head, by controller id (see id_hash). Every parked waiter is
      * in it, in the order they parked: the head is the oldest, and as one
      * timeout serves all, the list is sorted by deadline too. */
@@ -111,6 +122,14 @@ size_t pl_engine_key_count(const pl_engine *e)
     return e->nkeys;
 }
 
+/* The key info of <ent> (strings into the entry). */
+static void entry_info(const pl_entry *ent, pl_key_info *info)
+{
+    pl_key_decode(ent->keybytes, ent->keylen, &info->key);
+    info->parked = ent->count;
+    info->oldest_parked_at = parked_at(ent->head); /* appended in time order */
+}
+
 size_t pl_engine_each_key(const pl_engine *e, size_t max,
                           void (*fn)(const pl_key_info *info, void *arg), void *arg)
 {
@@ -119,9 +138,7 @@ size_t pl_engine_each_key(const pl_engine *e, size_t max,
 
     for (ent = e->entries; ent != NULL && n < max; ent = ent->hh.next, n++) {
         pl_key_info info;
-        pl_key_decode(ent->keybytes, ent->keylen, &info.key);
-        info.parked = ent->count;
-        info.oldest_parked_at = parked_at(ent->head); /* appended in time order */
+        entry_info(ent, &info);
         fn(&info, arg);
     }
     return e->nkeys;
@@ -162,19 +179,28 @@ const char *pl_outcome_name(pl_outcome o)
     return (unsigned)o < PL_OUTCOME__COUNT ? names[o] : "unknown";
 }
 
-static pl_entry *lookup(const pl_engine *e, const unsigned char *buf, size_t len)
+static pl_entry *lookup_hashed(const pl_engine *e, const unsigned char *buf, size_t len,
+                               uint32_t hv)
 {
     pl_entry *ent = NULL;
 
-    HASH_FIND(hh, e->entries, buf, len, ent);
+    HASH_FIND_BYHASHVALUE(hh, e->entries, buf, len, hv, ent);
     return ent;
+}
+
+static pl_entry *lookup(const pl_engine *e, const unsigned char *buf, size_t len)
+{
+    return lookup_hashed(e, buf, len, pl_hash(buf, len, 0));
 }
 
 int pl_engine_find(const pl_engine *e, const pl_key *key, pl_engine_spot *spot)
 {
+    spot->key = key;
     spot->len = pl_key_encode(key, spot->buf);
-    spot->entry = spot->len > 0 ? lookup(e, spot->buf, spot->len) : NULL;
+    spot->hash = spot->len > 0 ? pl_hash(spot->buf, spot->len, 0) : 0;
+    spot->entry = spot->len > 0 ? lookup_hashed(e, spot->buf, spot->len, spot->hash) : NULL;
     spot->mark = spot->entry != NULL ? spot->entry->mark : 0;
+    spot->note = spot->entry != NULL ? spot->entry->note : 0;
     return spot->len > 0 ? 0 : PL_EINVAL;
 }
 
@@ -192,8 +218,9 @@ size_t pl_engine_waiting(const pl_engine *e, const pl_key *key)
     return ent ? ent->count : 0;
 }
 
-/* Adds an empty entry for the encoded key <buf>; NULL when out of memory. */
-static pl_entry *new_entry(pl_engine *e, const unsigned char *buf, size_t len)
+/* Adds an empty entry for the encoded key <buf>, whose deployment hashes
+ * to <dhash>; NULL when out of memory (nothing changed). */
+static pl_entry *new_entry(pl_engine *e, const unsigned char *buf, size_t len, uint32_t dhash)
 {
     pl_entry *ent = pl_pool_alloc(sizeof(*ent) + len, NULL);
 
@@ -201,6 +228,7 @@ static pl_entry *new_entry(pl_engine *e, const unsigned char *buf, size_t len)
         return NULL;
     memset(ent, 0, sizeof(*ent));
     ent->keylen = (uint32_t)len;
+    ent->dhash = dhash;
     memcpy(ent->keybytes, buf, len);
     oom_flag = 0;
     HASH_ADD(hh, e->entries, keybytes, len, ent);
@@ -208,6 +236,7 @@ static pl_entry *new_entry(pl_engine *e, const unsigned char *buf, size_t len)
         pl_pool_free(ent, sizeof(*ent) + len);
         return NULL;
     }
+    DL_APPEND2(e->deps[dhash % DEP_BUCKETS], ent, dprev, dnext);
     e->nkeys++;
     return ent;
 }
@@ -217,8 +246,72 @@ static void drop_entry_if_empty(pl_engine *e, pl_entry *ent)
     if (ent->count > 0)
         return;
     HASH_DELETE(hh, e->entries, ent);
+    DL_DELETE2(e->deps[ent->dhash % DEP_BUCKETS], ent, dprev, dnext);
     pl_pool_free(ent, sizeof(*ent) + ent->keylen);
     e->nkeys--;
+}
+
+static int same_text(const char *a, size_t alen, const char *b, size_t blen)
+{
+    return alen == blen && memcmp(a, b, alen) == 0;
+}
+
+static uint32_t deployment_hash(const pl_key *key)
+{
+    return pl_hash(key->deployment, key->deployment_len, 0);
+}
+
+/* The next entry of <key>'s deployment (hashed <dh>) in its bucket from
+ * <ent> on, decoded into *k; NULL past the last. */
+static const pl_entry *next_of(const pl_entry *ent, const pl_key *key, uint32_t dh, pl_key *k)
+{
+    for (; ent != NULL; ent = ent->dnext) {
+        if (ent->dhash != dh)
+            continue;
+        pl_key_decode(ent->keybytes, ent->keylen, k);
+        if (same_text(k->deployment, k->deployment_len, key->deployment, key->deployment_len))
+            return ent;
+    }
+    return NULL;
+}
+
+void pl_engine_nearest(const pl_engine *e, const pl_key *key, size_t max, pl_engine_near *out)
+{
+    uint32_t dh = deployment_hash(key);
+    const pl_entry *head = e->deps[dh % DEP_BUCKETS], *best = NULL, *ent;
+    int best_same = 0;
+    size_t n = 0;
+    pl_key k;
+
+    memset(out, 0, sizeof(*out));
+    for (ent = next_of(head, key, dh, &k); ent != NULL && n < max;
+         ent = next_of(ent->dnext, key, dh, &k), n++) {
+        int same = same_text(k.version, k.version_len, key->version, key->version_len);
+
+        out->deployment_keys++;
+        out->deployment_parked += ent->count;
+        if (same)
+            out->version_parked += ent->count;
+        if (same && k.cpu == key->cpu && k.memory == key->memory) {
+            out->key_parked += ent->count;
+            continue; /* the key itself is no neighbour of its own */
+        }
+        /* A key on the same version is nearer than any on another. */
+        if (best == NULL || same > best_same || (same == best_same && ent->count > best->count)) {
+            best = ent;
+            best_same = same;
+        }
+    }
+    if (best == NULL)
+        return;
+    out->found = 1;
+    entry_info(best, &out->nearest);
+    n = 0;
+    for (ent = next_of(head, key, dh, &k); ent != NULL && n < max;
+         ent = next_of(ent->dnext, key, dh, &k), n++)
+        if (same_text(k.version, k.version_len, out->nearest.key.version,
+                      out->nearest.key.version_len))
+            out->nearest_version_parked += ent->count;
 }
 
 /* Links <w>, already in the id index (so at the tail of the time list), at
@@ -323,9 +416,9 @@ static const char *over_cap(const pl_engine *e, const pl_entry *ent,
  * waiters by id alone (the id is all a waiter stores) but hashes the id with
  * the deployment: each tenant's waiters of one id land apart, and finding
  * one compares the deployment through its key entry. */
-static unsigned id_hash(const char *id, size_t id_len, const pl_key *key)
+static unsigned id_hash(const char *id, size_t id_len, uint32_t dhash)
 {
-    return pl_hash(id, id_len, pl_hash(key->deployment, key->deployment_len, 0));
+    return pl_hash(id, id_len, dhash);
 }
 
 /* The waiter of controller <id> parked for <key>'s deployment, or NULL. */
@@ -358,10 +451,10 @@ static pl_waiter *find_own(const pl_engine *e, const char *id, size_t id_len,
 /* Makes every allocation a park needs: the key entry (unless <ent> exists
  * already) and the id index slot. Returns 0, or PL_ENOMEM with nothing
  * changed. */
-static int index_waiter(pl_engine *e, pl_waiter *w, pl_entry *ent,
-                        const unsigned char *key, size_t keylen, size_t id_len, unsigned hv)
+static int index_waiter(pl_engine *e, pl_waiter *w, pl_entry *ent, const unsigned char *key,
+                        size_t keylen, size_t id_len, unsigned hv, uint32_t dhash)
 {
-    w->entry = ent ? ent : new_entry(e, key, keylen);
+    w->entry = ent ? ent : new_entry(e, key, keylen, dhash);
     if (w->entry == NULL)
         return PL_ENOMEM;
     /* An older waiter of the same id may still be in the index: uthash
@@ -392,20 +485,12 @@ static pl_waiter *new_waiter(const char *id, size_t id_len, void *owner, uint64_
     return w;
 }
 
-int pl_engine_park(pl_engine *e, const pl_key *key, const char *id,
-                   size_t id_len, void *owner, uint64_t now, pl_waiter **out)
+int pl_engine_park(pl_engine *e, const pl_engine_spot *spot, const char *id, size_t id_len,
+                   void *owner, uint64_t now, pl_waiter **out)
 {
-    pl_engine_spot spot;
-
-    pl_engine_find(e, key, &spot);
-    return pl_engine_park_at(e, &spot, key, id, id_len, owner, now, out);
-}
-
-int pl_engine_park_at(pl_engine *e, const pl_engine_spot *spot, const pl_key *key,
-                      const char *id, size_t id_len, void *owner, uint64_t now,
-                      pl_waiter **out)
-{
-    unsigned hv = id_hash(id, id_len, key);
+    const pl_key *key = spot->key;
+    uint32_t dh;
+    unsigned hv;
     pl_entry *ent = spot->entry;
     pl_waiter *w, *old;
     const char *why;
@@ -413,6 +498,8 @@ int pl_engine_park_at(pl_engine *e, const pl_engine_spot *spot, const pl_key *ke
     *out = NULL;
     if (spot->len == 0)
         return PL_EINVAL;
+    dh = deployment_hash(key);
+    hv = id_hash(id, id_len, dh);
     /* A poll replaces only its own controller's older poll: the same id
      * for the same deployment (a token-verified one when tokens are on).
      * Another tenant reusing the id parks beside it and ends nothing. */
@@ -422,12 +509,13 @@ int pl_engine_park_at(pl_engine *e, const pl_engine_spot *spot, const pl_key *ke
 
     old = find_own(e, id, id_len, key, hv);
     why = over_cap(e, ent, old);
-    if (why == NULL && index_waiter(e, w, ent, spot->buf, spot->len, id_len, hv) != 0) {
+    if (why == NULL && index_waiter(e, w, ent, spot->buf, spot->len, id_len, hv, dh) != 0) {
         waiter_put(w);
         return PL_ENOMEM;
     }
     if (why == NULL) {
         w->entry->mark = spot->mark;
+        w->entry->note = spot->note;
         e->ledger.parked_total++;
         link_waiter(e, w); /* before the old one leaves, so a shared entry stays */
     }
@@ -458,10 +546,12 @@ static pl_waiter *next_in_order(const pl_entry *ent, const pl_waiter *w, pl_orde
 }
 
 /* One round of pl_engine_deliver over <*entp> (set to NULL when its last
- * waiter left). Counts the waiters the vet passed over in *skipped. */
+ * waiter left). Counts the waiters the vet passed over in *skipped. In the
+ * <second> round, those it skipped are offered; those it passes, never. */
 static int deliver_round(pl_engine *e, pl_entry **entp, uint64_t now, pl_delivery *d,
-                         pl_engine_vet_fn vet, size_t *skipped)
+                         int second, size_t *skipped)
 {
+    pl_engine_vet_fn vet = d->vet;
     pl_order order = e->opts.order;
     pl_waiter *w = first_in_order(*entp, order);
 
@@ -475,10 +565,14 @@ static int deliver_round(pl_engine *e, pl_entry **entp, uint64_t now, pl_deliver
             w = next;
             continue;
         }
-        v = vet != NULL ? vet(owner, d->vet_arg) : PL_VET_OFFER;
+        v = vet != NULL ? vet(owner, at, d->vet_arg) : PL_VET_OFFER;
         if (v == PL_VET_STOP)
             return PL_DELIVERY_STOPPED;
-        if (v == PL_VET_SKIP) {
+        if (v == PL_VET_PASS) {
+            w = next;
+            continue;
+        }
+        if (v == PL_VET_SKIP && !second) {
             (*skipped)++;
             w = next;
             continue;
@@ -501,16 +595,7 @@ static int deliver_round(pl_engine *e, pl_entry **entp, uint64_t now, pl_deliver
     return 0;
 }
 
-int pl_engine_deliver(pl_engine *e, const pl_key *key, uint64_t now, pl_delivery *d)
-{
-    pl_engine_spot spot;
-
-    pl_engine_find(e, key, &spot);
-    return pl_engine_deliver_at(e, &spot, now, d);
-}
-
-int pl_engine_deliver_at(pl_engine *e, const pl_engine_spot *spot, uint64_t now,
-                         pl_delivery *d)
+int pl_engine_deliver(pl_engine *e, const pl_engine_spot *spot, uint64_t now, pl_delivery *d)
 {
     pl_entry *ent = spot->entry;
     size_t skipped = 0;
@@ -522,10 +607,11 @@ int pl_engine_deliver_at(pl_engine *e, const pl_engine_spot *spot, uint64_t now,
     if (ent == NULL)
         return 0;
     ent->mark = spot->mark; /* before a delivery may free it */
-    rc = deliver_round(e, &ent, now, d, d->vet, &skipped);
+    ent->note = spot->note;
+    rc = deliver_round(e, &ent, now, d, 0, &skipped);
     /* The ones passed over stay parked, so the entry does too. */
     if (rc == 0 && skipped > 0)
-        rc = deliver_round(e, &ent, now, d, NULL, &skipped);
+        rc = deliver_round(e, &ent, now, d, 1, &skipped);
     return rc;
 }
 
@@ -684,7 +770,8 @@ int pl_engine_adopt(pl_engine *e, const pl_key *key, const char *id, size_t id_l
 {
     unsigned char buf[PL_KEY_ENCODED_MAX];
     size_t len = pl_key_encode(key, buf);
-    unsigned hv = id_hash(id, id_len, key);
+    uint32_t dh = deployment_hash(key);
+    unsigned hv = id_hash(id, id_len, dh);
     pl_waiter *w;
 
     *out = NULL;
@@ -701,7 +788,7 @@ int pl_engine_adopt(pl_engine *e, const pl_key *key, const char *id, size_t id_l
     w = new_waiter(id, id_len, owner, at);
     if (w == NULL)
         return PL_ENOMEM;
-    if (index_waiter(e, w, lookup(e, buf, len), buf, len, id_len, hv) != 0) {
+    if (index_waiter(e, w, lookup(e, buf, len), buf, len, id_len, hv, dh) != 0) {
         waiter_put(w);
         return PL_ENOMEM;
     }

@@ -25,6 +25,7 @@ static const struct {
     KNOWN("x-trigger-machine-cpu", PL_HDR_MACHINE_CPU),
     KNOWN("x-trigger-machine-memory", PL_HDR_MACHINE_MEMORY),
     KNOWN("authorization", PL_HDR_AUTHORIZATION),
+    KNOWN("x-pl-ring", PL_HDR_RING),
     KNOWN("host", PL_HDR_HOST),
     KNOWN("expect", PL_HDR_EXPECT),
     KNOWN("transfer-encoding", PL_HDR_TRANSFER_ENCODING),
@@ -33,7 +34,7 @@ static const struct {
 
 static pl_h1 *parser_h1(llhttp_t *p)
 {
-    return (pl_h1 *)(void *)((char *)p - offsetof(pl_h1, parser));
+    return container_of(p, pl_h1, parser);
 }
 
 /* Returns -1, what llhttp takes from a callback as an error. */
@@ -410,4 +411,129 @@ int pl_h1_take_arena(pl_h1 *h, pl_buf *out)
     *out = h->arena;
     memset(&h->arena, 0, sizeof(h->arena));
     return 0;
+}
+
+/* ---- one response ---- */
+
+static pl_h1_response *parser_response(llhttp_t *p)
+{
+    return container_of(p, pl_h1_response, parser);
+}
+
+static int resp_header_field(llhttp_t *p, const char *at, size_t len)
+{
+    pl_h1_response *r = parser_response(p);
+
+    if (r->name_len + len > sizeof(r->name))
+        r->name_long = 1;
+    else
+        memcpy(r->name + r->name_len, at, len);
+    r->name_len = (uint8_t)(r->name_len + (r->name_long ? 0 : len));
+    return 0;
+}
+
+static int resp_header_field_complete(llhttp_t *p)
+{
+    pl_h1_response *r = parser_response(p);
+
+    r->in_want = r->want != NULL && !r->name_long && r->name_len == r->want_len &&
+                 strncasecmp(r->name, r->want, r->want_len) == 0;
+    r->name_len = 0;
+    r->name_long = 0;
+    if (r->in_want)
+        r->value_len = 0; /* the last of a repeated header counts */
+    return 0;
+}
+
+static int resp_header_value(llhttp_t *p, const char *at, size_t len)
+{
+    pl_h1_response *r = parser_response(p);
+
+    if (!r->in_want)
+        return 0;
+    if (r->value_len + len > sizeof(r->value))
+        return -1; /* longer than any value asked for can be */
+    memcpy(r->value + r->value_len, at, len);
+    r->value_len = (uint8_t)(r->value_len + len);
+    return 0;
+}
+
+static int resp_header_value_complete(llhttp_t *p)
+{
+    pl_h1_response *r = parser_response(p);
+
+    r->has_value |= r->in_want;
+    r->in_want = 0;
+    return 0;
+}
+
+/* A status of three digits, as RFC 9112 has it: llhttp takes fewer. */
+static int resp_headers_complete(llhttp_t *p)
+{
+    return p->status_code >= 100 && p->status_code <= 999 ? 0 : -1;
+}
+
+static int resp_message_complete(llhttp_t *p)
+{
+    pl_h1_response *r = parser_response(p);
+
+    r->complete = 1;
+    r->status = p->status_code;
+    r->keep_alive = llhttp_should_keep_alive(p) != 0;
+    return HPE_PAUSED; /* one response: what follows was not asked for */
+}
+
+static const llhttp_settings_t response_settings = {
+    .on_header_field = resp_header_field,
+    .on_header_field_complete = resp_header_field_complete,
+    .on_header_value = resp_header_value,
+    .on_header_value_complete = resp_header_value_complete,
+    .on_headers_complete = resp_headers_complete,
+    .on_message_complete = resp_message_complete,
+};
+
+void pl_h1_response_init(pl_h1_response *r, uint32_t max_bytes, const char *want)
+{
+    memset(r, 0, sizeof(*r));
+    llhttp_init(&r->parser, HTTP_RESPONSE, &response_settings);
+    r->max_bytes = max_bytes;
+    r->want = want;
+    r->want_len = want != NULL ? (uint8_t)strlen(want) : 0;
+}
+
+int pl_h1_response_execute(pl_h1_response *r, const char *data, size_t len)
+{
+    llhttp_errno_t rc;
+
+    if (r->complete) {
+        r->keep_alive = 0; /* bytes nobody asked for: not kept */
+        return 1;
+    }
+    if (len > r->max_bytes - r->bytes)
+        return -EPROTO;
+    r->bytes += (uint32_t)len;
+    rc = llhttp_execute(&r->parser, data, len);
+    if (rc == HPE_PAUSED) {
+        /* Stopped at the response's end: anything behind it in this read
+         * is more than was asked for. */
+        if (llhttp_get_error_pos(&r->parser) != data + len)
+            r->keep_alive = 0;
+        return 1;
+    }
+    /* llhttp checks the status (three digits) and the framing: a length
+     * that overflows or is not a number, two lengths, a bad chunk. */
+    if (rc != HPE_OK)
+        return -EPROTO;
+    return 0;
+}
+
+int pl_h1_response_eof(pl_h1_response *r)
+{
+    if (r->complete)
+        return 1;
+    if (llhttp_finish(&r->parser) != HPE_OK && !r->complete)
+        return -EPROTO;
+    if (r->complete)
+        r->keep_alive = 0;
+    return r->complete ? 1 : -EPROTO;
 }

@@ -150,7 +150,7 @@ int pl_conn_handover_fd(const pl_conn *c)
     uv_os_fd_t fd;
 
     /* Bytes still queued here would be lost with our descriptor. */
-    if (c->closing || c->finishing || c->in.len > 0 || c->h1 != NULL ||
+    if (c->closing || c->finishing || c->discard || c->in.len > 0 || c->h1 != NULL ||
         uv_stream_get_write_queue_size((const uv_stream_t *)&c->tcp) > 0 ||
         uv_fileno((const uv_handle_t *)&c->tcp, &fd) != 0)
         return -EBUSY;

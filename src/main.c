@@ -1,6 +1,7 @@
 /* main.c -- pilotlight: a warm-start connection broker. */
 #include <signal.h>
 #include <stdio.h>
+#include <string.h>
 #include <sys/resource.h>
 
 #include "pilotlight/config.h"
@@ -11,30 +12,42 @@
 extern char **environ;
 
 /* Each connection is a descriptor: take every one the hard limit allows,
- * and keep max_connections below it (a few stay for the listener, logs and
- * libuv's own) so accept never runs out first. */
-static void raise_fd_limit(pl_config *cfg)
+ * and share them out (pl_config_fit_nofile) so that accept never runs out
+ * first and no plane can take another's. Returns 0 and fills *fds, or -1
+ * when the limit is unlimited (nothing to share out). */
+static int raise_fd_limit(pl_config *cfg, pl_config_fds *fds)
 {
     struct rlimit rl;
-    uint64_t asked = cfg->max_connections;
 
     if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
-        return;
+        return -1;
     if (rl.rlim_cur < rl.rlim_max) {
         rl.rlim_cur = rl.rlim_max;
         setrlimit(RLIMIT_NOFILE, &rl);
         getrlimit(RLIMIT_NOFILE, &rl);
     }
-    if (rl.rlim_cur != RLIM_INFINITY && pl_config_fit_nofile(cfg, rl.rlim_cur) < asked)
-        PL_LOG(PL_LOG_INFO, "max_connections lowered to fit the file-descriptor limit",
-               "\"max_connections\":%llu,\"nofile\":%llu",
-               (unsigned long long)cfg->max_connections, (unsigned long long)rl.rlim_cur);
+    if (rl.rlim_cur == RLIM_INFINITY)
+        return -1;
+    pl_config_fit_nofile(cfg, rl.rlim_cur, fds);
+    return 0;
+}
+
+/* The signals that act on a running server, blocked from the first
+ * instruction of ours (a constructor runs before main, right after the
+ * dynamic loader) until the loop's handlers exist (server.c unblocks
+ * them): one sent while the process starts is delivered then, rather than
+ * killing it with the default action. What comes before, while the loader
+ * maps the libraries, no program can catch. */
+__attribute__((constructor)) static void hold_signals(void)
+{
+    pl_server_hold_signals(SIG_BLOCK);
 }
 
 int main(int argc, char **argv)
 {
     pl_config cfg;
     pl_config_action action;
+    pl_config_fds fds;
     char err[512];
 
 #ifdef PL_NEEDS_SSE42
@@ -57,7 +70,14 @@ int main(int argc, char **argv)
         printf("pilotlight %s\n", PL_VERSION);
         return 0;
     case PL_CONFIG_CHECK:
+        if (raise_fd_limit(&cfg, &fds) == 0)
+            printf("# file descriptors: %llu; controllers' listener %llu, dispatch listener "
+                   "%llu, ring checks %llu, the process's own %llu\n",
+                   (unsigned long long)fds.nofile, (unsigned long long)fds.controllers,
+                   (unsigned long long)fds.dispatch, (unsigned long long)fds.ring,
+                   (unsigned long long)fds.own);
         pl_config_print(&cfg, stdout);
+        fputs(cfg.notes, stderr);
         return 0;
     case PL_CONFIG_RUN:
         break;
@@ -65,6 +85,12 @@ int main(int argc, char **argv)
     pl_log_threshold = (pl_log_level)cfg.log_level;
     signal(SIGPIPE, SIG_IGN);
     pl_hash_init();
-    raise_fd_limit(&cfg);
+    pl_config_log_notes(&cfg);
+    if (raise_fd_limit(&cfg, &fds) == 0)
+        PL_LOG(PL_LOG_INFO, "file descriptors shared out",
+               "\"nofile\":%llu,\"controllers\":%llu,\"dispatch\":%llu,\"ring\":%llu,"
+               "\"own\":%llu", (unsigned long long)fds.nofile,
+               (unsigned long long)fds.controllers, (unsigned long long)fds.dispatch,
+               (unsigned long long)fds.ring, (unsigned long long)fds.own);
     return pl_server_run(&cfg, argc, argv, environ);
 }

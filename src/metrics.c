@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "pilotlight/diag.h"
 #include "pilotlight/metrics.h"
 #include "pilotlight/pool.h"
 
@@ -36,10 +37,10 @@ static const char *const upgrade_names[PL_UPGRADE__COUNT] = {
 };
 
 static const char *const route_names[PL_ROUTE__COUNT] = {
-    "other", "connect", "park", "dispatch", "healthz", "readyz", "metrics", "debug",
+    "other", "connect", "park", "dispatch", "healthz", "readyz", "metrics", "debug", "status",
 };
 static const char *const result_names[PL_DISPATCH__COUNT] = {
-    "hit", "miss", "invalid", "abandoned", "unconfirmed",
+    "hit", "miss", "invalid", "abandoned", "unconfirmed", "off",
 };
 static const char *const token_names[4] = {"valid", "invalid", "legacy", "absent"};
 
@@ -50,8 +51,8 @@ void pl_metrics_init(pl_metrics *m)
     m->dispatch_seconds.nbounds = sizeof(dispatch_bounds) / sizeof(double);
     m->wait_seconds.bounds = wait_bounds;
     m->wait_seconds.nbounds = sizeof(wait_bounds) / sizeof(double);
-    m->confirm_ack_seconds.bounds = ack_bounds;
-    m->confirm_ack_seconds.nbounds = sizeof(ack_bounds) / sizeof(double);
+    m->confirm.ack_seconds.bounds = ack_bounds;
+    m->confirm.ack_seconds.nbounds = sizeof(ack_bounds) / sizeof(double);
     m->loop_lag.bounds = lag_bounds;
     m->loop_lag.nbounds = sizeof(lag_bounds) / sizeof(double);
 }
@@ -176,6 +177,14 @@ static void emit_ring(out_t *o, const pl_metrics *m)
             "# TYPE pilotlight_ring_changes_total counter\n"
             "pilotlight_ring_changes_total %llu\n",
          (unsigned long long)m->ring_members, (unsigned long long)m->ring_changes);
+    emit(o, "# HELP pilotlight_ring_agreed 1 when every member up reports the view this "
+            "instance has, else 0.\n# TYPE pilotlight_ring_agreed gauge\n"
+            "pilotlight_ring_agreed %llu\n"
+            "# HELP pilotlight_ring_clock_skew_seconds The largest difference between this "
+            "instance's wall clock and a member's, as their checks' answers show it.\n"
+            "# TYPE pilotlight_ring_clock_skew_seconds gauge\n"
+            "pilotlight_ring_clock_skew_seconds %.3f\n",
+         (unsigned long long)m->ring_agreed, (double)m->ring_clock_skew_ms / 1000.0);
     by_route(o, "pilotlight_ring_redirects_total",
              "Requests answered 307 to the instance that owns their key.", m->ring_redirects);
     by_route(o, "pilotlight_ring_hop_served_total",
@@ -206,6 +215,12 @@ size_t pl_metrics_render(const pl_metrics *m, const pl_ledger *l, size_t keys,
     for (int i = 0; i < PL_DISPATCH__COUNT; i++)
         emit(&o, "pilotlight_dispatch_total{result=\"%s\"} %llu\n", result_names[i],
              (unsigned long long)m->dispatch[i]);
+    emit(&o, "# HELP pilotlight_dispatch_miss_total Dispatches nobody parked for their key "
+             "took (result miss), by what was parked nearest it.\n"
+             "# TYPE pilotlight_dispatch_miss_total counter\n");
+    for (int i = 0; i < PL_NEAREST__COUNT; i++)
+        emit(&o, "pilotlight_dispatch_miss_total{nearest=\"%s\"} %llu\n",
+             pl_nearest_name((pl_nearest)i), (unsigned long long)m->miss_nearest[i]);
     emit(&o, "# HELP pilotlight_token_checks_total Deployment tokens checked, by result.\n"
              "# TYPE pilotlight_token_checks_total counter\n");
     for (int i = 0; i < 4; i++)
@@ -244,6 +259,13 @@ size_t pl_metrics_render(const pl_metrics *m, const pl_ledger *l, size_t keys,
              "pilotlight_token_secret_valid_total{secret=\"current\"} %llu\n"
              "pilotlight_token_secret_valid_total{secret=\"previous\"} %llu\n",
          (unsigned long long)m->token_secret[0], (unsigned long long)m->token_secret[1]);
+    emit(&o, "# HELP pilotlight_expiring_passed_total Parked polls passed over for a run "
+             "because their controller was about to give up on them.\n"
+             "# TYPE pilotlight_expiring_passed_total counter\n"
+             "pilotlight_expiring_passed_total %llu\n", (unsigned long long)m->passed_expiring);
+    emit(&o, "# HELP pilotlight_forbidden_total Requests refused 403 because dispatch_allow "
+             "leaves their address out.\n# TYPE pilotlight_forbidden_total counter\n"
+             "pilotlight_forbidden_total %llu\n", (unsigned long long)m->forbidden);
     emit(&o, "# HELP pilotlight_config_reloads_total Configuration reloads (SIGHUP), by result.\n"
              "# TYPE pilotlight_config_reloads_total counter\n"
              "pilotlight_config_reloads_total{result=\"ok\"} %llu\n"
@@ -269,19 +291,19 @@ size_t pl_metrics_render(const pl_metrics *m, const pl_ledger *l, size_t keys,
              "# TYPE pilotlight_confirm_method_total counter\n");
     for (int i = 0; i < PL_CONFIRM_BY__COUNT; i++)
         emit(&o, "pilotlight_confirm_method_total{method=\"%s\"} %llu\n",
-             confirm_method_names[i], (unsigned long long)m->confirm_method[i]);
+             confirm_method_names[i], (unsigned long long)m->confirm.method[i]);
     emit(&o, "# HELP pilotlight_confirm_total Delivery attempts to a controller "
              "(delivery = confirm), by outcome; redelivered: offered to the next poll "
              "(docs/delivery.md).\n"
              "# TYPE pilotlight_confirm_total counter\n");
     for (int i = 0; i < PL_CONFIRM__COUNT; i++)
         emit(&o, "pilotlight_confirm_total{outcome=\"%s\"} %llu\n", confirm_names[i],
-             (unsigned long long)m->confirm[i]);
+             (unsigned long long)m->confirm.outcome[i]);
     emit(&o, "# HELP pilotlight_confirm_ack_events_refused_total Controller connections "
              "whose kernel refused ACK reports (confirmed by polling instead).\n"
              "# TYPE pilotlight_confirm_ack_events_refused_total counter\n"
              "pilotlight_confirm_ack_events_refused_total %llu\n",
-         (unsigned long long)m->ack_events_refused);
+         (unsigned long long)m->confirm.ack_events_refused);
     emit(&o, "# HELP pilotlight_confirm_probes_total Parked polls sent a keepalive probe "
              "because a delivery to their key was late.\n"
              "# TYPE pilotlight_confirm_probes_total counter\n"
@@ -290,9 +312,9 @@ size_t pl_metrics_render(const pl_metrics *m, const pl_ledger *l, size_t keys,
              "because their probe went unanswered.\n"
              "# TYPE pilotlight_confirm_skipped_total counter\n"
              "pilotlight_confirm_skipped_total %llu\n",
-         (unsigned long long)m->confirm_probes, (unsigned long long)m->confirm_skipped);
+         (unsigned long long)m->confirm.probes, (unsigned long long)m->confirm.skipped);
     emit_histogram(&o, "pilotlight_confirm_ack_seconds",
-                   "Time from writing a payload to its ACK report.", &m->confirm_ack_seconds);
+                   "Time from writing a payload to its ACK report.", &m->confirm.ack_seconds);
     if (m->ring_on)
         emit_ring(&o, m);
     emit_pools(&o);

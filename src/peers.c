@@ -8,12 +8,17 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
 
+#include "pilotlight/h1.h"
 #include "pilotlight/log.h"
 #include "pilotlight/mem.h"
 #include "pilotlight/peers.h"
 
 #define HOST_MAX 256
+
+/* The most a peer's answer to a check may take, head and body. */
+#define ANSWER_MAX 4096
 
 /* One candidate member, and its check. */
 typedef struct cand {
@@ -31,15 +36,22 @@ typedef struct cand {
     unsigned open : 1;      /* its handle is open (closing included) */
     unsigned ready : 1;     /* connected: a kept connection to ask on */
     unsigned recheck : 1;   /* check again once the handle has closed */
+    unsigned has_view : 1;  /* its last answer said its view */
+    unsigned warned : 1;    /* its answer named another member: said once */
+    unsigned alias : 1;     /* ... this one: it is this instance by another name */
     unsigned failed;        /* checks unanswered in a row */
+    uint64_t view;          /* its view, as its last answer said (pl_ring_digest) */
+    int64_t skew_ms;        /* its wall clock less ours, at its last answer */
     uint64_t started;       /* the check in flight began (loop ms) */
     uint64_t lost_at;       /* its kept connection last ended (loop ms) */
     uv_tcp_t tcp;
     uv_connect_t connect;
     uv_write_t write;
     uv_getaddrinfo_t resolve;
-    size_t got;
-    char buf[512];          /* the answer so far */
+    size_t got;             /* bytes of the answer so far */
+    pl_h1_response answer;  /* the check's answer, read as it comes */
+    char buf[512];          /* one read */
+    char ask[160 + PL_RING_NAME_MAX]; /* the check, as written */
 } cand;
 
 struct pl_peers {
@@ -61,6 +73,9 @@ struct pl_peers {
     int resolving;
     uint64_t resolved_at;
     int warned_self;
+    int stale;         /* a peer's view differs: look the name up again */
+    int agreed;        /* every member up reports this instance's view */
+    uint64_t digest;   /* this instance's view (pl_ring_digest of ring) */
 };
 
 static cand *find(const pl_peers *p, const char *name, size_t len)
@@ -103,33 +118,102 @@ static void drop(pl_peers *p, cand *c)
     pl_free(c);
 }
 
+static int counts(const cand *c)
+{
+    return !c->self && !c->alias && c->up && !c->gone;
+}
+
+/* Whether every member up reported this instance's view at its last
+ * answer; one that reports none (an older build) is taken to agree. */
+static int all_agree(const pl_peers *p)
+{
+    for (size_t i = 0; i < p->n; i++)
+        if (counts(p->c[i]) && p->c[i]->has_view && p->c[i]->view != p->digest)
+            return 0;
+    return 1;
+}
+
+static void largest_skew(const pl_peers *p)
+{
+    int64_t most = 0;
+
+    for (size_t i = 0; i < p->n; i++) {
+        int64_t s = p->c[i]->skew_ms < 0 ? -p->c[i]->skew_ms : p->c[i]->skew_ms;
+        if (counts(p->c[i]) && p->c[i]->has_view && s > most)
+            most = s;
+    }
+    if (p->o.skew_ms != NULL)
+        *p->o.skew_ms = most;
+}
+
 /* The ring from this instance (unless it left) and the peers up; tells
- * <changed> when it differs from the last one told. */
+ * <changed> when it, or whether the members up agree on it, differs from
+ * what was told last. */
 static void rebuild(pl_peers *p)
 {
     pl_ring next;
-    int self = -1;
+    int self = -1, agreed;
 
     pl_ring_init(&next);
     for (size_t i = 0; i < p->n; i++)
-        if (!p->c[i]->self && p->c[i]->up && !p->c[i]->gone)
+        if (counts(p->c[i]))
             pl_ring_add(&next, p->c[i]->name, strlen(p->c[i]->name));
     if (!p->left && p->self[0] != '\0') {
         pl_ring_add(&next, p->self, strlen(p->self));
         self = pl_ring_find(&next, p->self, strlen(p->self));
     }
-    if (pl_ring_same(&next, &p->ring) && self == p->self_index)
+    p->digest = pl_ring_digest(&next);
+    agreed = all_agree(p);
+    largest_skew(p);
+    if (pl_ring_same(&next, &p->ring) && self == p->self_index && agreed == p->agreed)
         return;
+    if (!pl_ring_same(&next, &p->ring) || self != p->self_index)
+        PL_LOG(PL_LOG_INFO, "ring changed", "\"members\":%zu,\"self\":%d,\"agreed\":%d",
+               next.n, self, agreed);
     p->ring = next;
     p->self_index = self;
-    PL_LOG(PL_LOG_INFO, "ring changed", "\"members\":%zu,\"self\":%d", p->ring.n, self);
+    p->agreed = agreed;
     if (!p->stopping)
-        p->changed(p->arg, &p->ring, self);
+        p->changed(p->arg, &p->ring, self, agreed);
+}
+
+static void resolve(pl_peers *p);
+static void check_start(pl_peers *p, cand *c, uint64_t now);
+
+/* A view other than ours was seen: the DNS name is looked up again now, or
+ * on the next tick if it was a moment ago. */
+static void stale(pl_peers *p)
+{
+    uint64_t now = uv_now(p->loop);
+
+    if (!p->use_dns || p->stopping)
+        return;
+    if (!p->resolving && now - p->resolved_at >= p->o.check_ms) {
+        p->resolved_at = now;
+        resolve(p);
+    } else {
+        p->stale = 1;
+    }
+}
+
+void pl_peers_heard(pl_peers *p, uint64_t digest, const char *name, size_t len)
+{
+    cand *c;
+
+    if (p == NULL || p->stopping)
+        return;
+    if (digest != p->digest)
+        stale(p);
+    /* A trigger only: the name is never taken as a member. A member we
+     * count whose view moved is asked again now; its answer settles
+     * "agreed" (and the moves that wait for it), one check per change. */
+    c = find(p, name, len);
+    if (c != NULL && !c->self && !c->gone && c->has_view && c->view != digest && !c->busy &&
+        !c->recheck && !(c->open && !c->ready))
+        check_start(p, c, uv_now(p->loop));
 }
 
 /* ---- one check ---- */
-
-static void check_start(pl_peers *p, cand *c, uint64_t now);
 
 static void on_closed(uv_handle_t *h)
 {
@@ -154,19 +238,50 @@ static void close_conn(cand *c)
         uv_close((uv_handle_t *)&c->tcp, on_closed);
 }
 
+/* Reads "<view, 16 hex digits> <wall clock, epoch ms> <name>" from <c>'s
+ * answer (its X-PL-Ring header). */
+static void read_view(cand *c)
+{
+    pl_peers *p = c->p;
+    const pl_h1_response *a = &c->answer;
+    pl_ring_view rv;
+    const char *name = rv.name;
+    struct timespec ts;
+
+    c->has_view = 0;
+    if (!a->has_value || pl_ring_view_read(a->value, a->value_len, 1, &rv) != 0)
+        return; /* not a view this build reads: as if none */
+    clock_gettime(CLOCK_REALTIME, &ts);
+    c->has_view = 1;
+    c->view = rv.digest;
+    /* Its clock at its answer, against ours half a round trip before we
+     * read it. */
+    c->skew_ms = (int64_t)rv.ms - ((int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000 -
+                                (int64_t)(uv_now(p->loop) - c->started) / 2);
+    if (strcmp(name, c->name) != 0 && !c->warned) {
+        c->warned = 1;
+        c->alias = strcmp(name, p->self) == 0;
+        PL_LOG(PL_LOG_ERROR, c->alias ? "ring: a member is this instance by another name: "
+                                        "not counted; name each member once, alike everywhere"
+                                      : "ring: a member answers by another name: views "
+                                        "cannot agree; name each member once, alike everywhere",
+               "\"member\":\"%s\",\"says\":\"%s\"", c->name, name);
+    }
+    if (rv.digest != p->digest)
+        stale(p);
+}
+
 /* Ends <c>'s check with an answer: <status> (200: ready), the connection
  * kept for the next check when <keep>. */
 static void answered(cand *c, int status, int keep)
 {
-    int was = c->up;
-
     c->busy = 0;
     c->failed = 0;
     c->up = status == 200;
+    read_view(c);
     if (!keep)
         close_conn(c);
-    if (c->up != was)
-        rebuild(c->p);
+    rebuild(c->p); /* a member's view may have changed, if nothing else */
 }
 
 /* Ends <c>'s check without an answer. <certain>: nobody listens there (a
@@ -206,54 +321,31 @@ static int lost(cand *c)
     return again;
 }
 
-/* Reads the status and the end of an answer in c->buf. Returns 1 when it
- * is complete (*status, *keep set), 0 when more is to come, -EPROTO when it
- * is not an HTTP answer within the buffer. */
-static int parse_answer(cand *c, int *status, int *keep)
-{
-    char *end = strstr(c->buf, "\r\n\r\n"), *cl;
-    unsigned code;
-    unsigned long len = 0;
-
-    if (end == NULL)
-        return c->got >= sizeof(c->buf) - 1 ? -EPROTO : 0;
-    if (sscanf(c->buf, "HTTP/1.%*1[01] %3u", &code) != 1)
-        return -EPROTO;
-    *end = '\0';
-    cl = strcasestr(c->buf, "\r\ncontent-length:");
-    if (cl != NULL)
-        len = strtoul(cl + 17, NULL, 10);
-    *keep = strcasestr(c->buf, "\r\nconnection: close") == NULL;
-    *end = '\r';
-    if ((size_t)(end + 4 - c->buf) + len > c->got)
-        return (size_t)(end + 4 - c->buf) + len >= sizeof(c->buf) ? -EPROTO : 0;
-    *keep = *keep && (size_t)(end + 4 - c->buf) + len == c->got;
-    *status = (int)code;
-    return 1;
-}
-
 static void on_alloc(uv_handle_t *h, size_t size, uv_buf_t *buf)
 {
     cand *c = h->data;
 
     (void)size;
-    *buf = uv_buf_init(c->buf + c->got, (unsigned)(sizeof(c->buf) - 1 - c->got));
+    *buf = uv_buf_init(c->buf, (unsigned)sizeof(c->buf));
 }
 
 static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
 {
     cand *c = s->data;
-    int status = 0, keep = 0, rc;
+    int rc;
 
-    (void)buf;
     if (n == 0)
         return;
     if (n < 0 || !c->busy) {
         /* Between checks, or as a check began on it: the kept connection
          * ended (or sent what nobody asked for). Asked again on a fresh
-         * one at once; an answer cut short is no answer. */
+         * one at once; an answer cut short is no answer, one whose end is
+         * the close is an answer. */
         if (c->busy && c->got > 0) {
-            unanswered(c, 0);
+            if (pl_h1_response_eof(&c->answer) == 1)
+                answered(c, (int)c->answer.status, 0);
+            else
+                unanswered(c, 0);
         } else if (c->busy) {
             c->busy = 0;
             if (!lost(c))
@@ -264,12 +356,11 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
         return;
     }
     c->got += (size_t)n;
-    c->buf[c->got] = '\0';
-    rc = parse_answer(c, &status, &keep);
+    rc = pl_h1_response_execute(&c->answer, buf->base, (size_t)n);
     if (rc < 0)
         unanswered(c, 0);
     else if (rc > 0)
-        answered(c, status, keep);
+        answered(c, (int)c->answer.status, c->answer.keep_alive);
 }
 
 static void on_written(uv_write_t *w, int status)
@@ -282,10 +373,13 @@ static void on_written(uv_write_t *w, int status)
 
 static void ask(cand *c)
 {
-    static char get[] = "GET /readyz HTTP/1.1\r\nHost: pilotlight\r\n\r\n";
-    uv_buf_t b = uv_buf_init(get, sizeof(get) - 1);
+    int n = snprintf(c->ask, sizeof(c->ask),
+                     "GET /readyz HTTP/1.1\r\nHost: pilotlight\r\nX-PL-Ring: %016llx %s\r\n\r\n",
+                     (unsigned long long)c->p->digest, c->p->self[0] ? c->p->self : "-");
+    uv_buf_t b = uv_buf_init(c->ask, (unsigned)n);
 
     c->got = 0;
+    pl_h1_response_init(&c->answer, ANSWER_MAX, "x-pl-ring");
     c->write.data = c;
     if (uv_write(&c->write, (uv_stream_t *)&c->tcp, &b, 1, on_written) != 0)
         unanswered(c, 0);
@@ -322,6 +416,13 @@ static void connect_to(cand *c, const struct sockaddr *sa)
         unanswered(c, 1);
 }
 
+/* Where <c> is asked: its own port, or the dispatch listeners' (the same
+ * on every instance). */
+static uint16_t check_port(const cand *c)
+{
+    return c->p->o.check_port != 0 ? c->p->o.check_port : c->port;
+}
+
 static void connect_addr(cand *c, const struct sockaddr *sa)
 {
     struct sockaddr_storage ss;
@@ -329,9 +430,9 @@ static void connect_addr(cand *c, const struct sockaddr *sa)
     memcpy(&ss, sa, sa->sa_family == AF_INET ? sizeof(struct sockaddr_in)
                                              : sizeof(struct sockaddr_in6));
     if (ss.ss_family == AF_INET)
-        ((struct sockaddr_in *)&ss)->sin_port = htons(c->port);
+        ((struct sockaddr_in *)&ss)->sin_port = htons(check_port(c));
     else
-        ((struct sockaddr_in6 *)&ss)->sin6_port = htons(c->port);
+        ((struct sockaddr_in6 *)&ss)->sin6_port = htons(check_port(c));
     connect_to(c, (struct sockaddr *)&ss);
 }
 
@@ -371,9 +472,9 @@ static void check_start(pl_peers *p, cand *c, uint64_t now)
     c->started = now;
     if (c->ready) {
         ask(c);
-    } else if (uv_ip4_addr(c->host, c->port, &a4) == 0) {
+    } else if (uv_ip4_addr(c->host, check_port(c), &a4) == 0) {
         connect_to(c, (struct sockaddr *)&a4);
-    } else if (uv_ip6_addr(c->host, c->port, &a6) == 0) {
+    } else if (uv_ip6_addr(c->host, check_port(c), &a6) == 0) {
         connect_to(c, (struct sockaddr *)&a6);
     } else {
         memset(&hints, 0, sizeof(hints));
@@ -475,8 +576,14 @@ static void on_dns(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
             memcpy(p->self, name, (size_t)len + 1);
             changed = 1;
         }
-        if ((c = find(p, name, (size_t)len)) == NULL && (c = add(p, name, (size_t)len)) != NULL)
+        if ((c = find(p, name, (size_t)len)) == NULL && (c = add(p, name, (size_t)len)) != NULL) {
             changed = 1;
+            c->self = strcmp(c->name, p->self) == 0;
+            /* A new address is asked at once, not at the next tick: the
+             * sooner it is a member here, the sooner the views agree. */
+            if (!c->self)
+                check_start(p, c, uv_now(p->loop));
+        }
         if (c != NULL) {
             c->seen = 1;
             c->gone = 0;
@@ -524,7 +631,10 @@ static void tick(uv_timer_t *t)
     pl_peers *p = t->data;
     uint64_t now = uv_now(p->loop);
 
-    if (p->use_dns && !p->resolving && now - p->resolved_at >= p->o.resolve_ms) {
+    if (p->use_dns && !p->resolving &&
+        (now - p->resolved_at >= p->o.resolve_ms ||
+         (p->stale && now - p->resolved_at >= p->o.check_ms))) {
+        p->stale = 0;
         p->resolved_at = now;
         resolve(p);
     }
@@ -596,6 +706,90 @@ pl_peers *pl_peers_start(uv_loop_t *loop, const pl_peers_opts *o, pl_peers_chang
     uv_timer_start(&p->timer, tick, 0, o->check_ms);
     rebuild(p);
     return p;
+}
+
+size_t pl_peers_each(const pl_peers *p, void (*fn)(const pl_peer_info *info, void *arg),
+                     void *arg)
+{
+    size_t n = 0;
+
+    for (size_t i = 0; i < p->n; i++) {
+        const cand *c = p->c[i];
+        pl_peer_info info = {c->name, c->self, c->self ? !p->left : c->up, c->failed};
+
+        if (c->gone)
+            continue;
+        fn(&info, arg);
+        n++;
+    }
+    return n;
+}
+
+static void named(const char *s, size_t len, void *arg)
+{
+    pl_peers *p = arg;
+    cand *c = find(p, s, len);
+
+    if (c == NULL)
+        c = add(p, s, len); /* checked already: fits, and one of few enough */
+    if (c != NULL) {
+        c->seen = 1;
+        c->gone = 0;
+    }
+}
+
+int pl_peers_reconfigure(pl_peers *p, const pl_peers_opts *o, char *err, size_t errlen)
+{
+    char dns_host[HOST_MAX];
+    uint16_t dns_port = 0;
+    int dns_changed;
+
+    if (o->list[0] == '\0' && o->dns[0] == '\0') {
+        snprintf(err, errlen, "no ring: neither ring_peers nor ring_dns is set");
+        return -EINVAL;
+    }
+    if (pl_ring_check_config(o->list, o->dns, o->self, err, errlen) != 0)
+        return -EINVAL;
+    dns_host[0] = '\0';
+    if (o->dns[0] != '\0')
+        pl_ring_split(o->dns, strlen(o->dns), dns_host, sizeof(dns_host), &dns_port);
+    dns_changed = strcmp(dns_host, p->use_dns ? p->dns_host : "") != 0 || dns_port != p->dns_port;
+    p->o = *o;
+    p->use_dns = o->dns[0] != '\0';
+    snprintf(p->dns_host, sizeof(p->dns_host), "%s", dns_host);
+    p->dns_port = dns_port;
+    snprintf(p->list, sizeof(p->list), "%s", o->list);
+    /* With a DNS name and no ring_self, this instance is the name's address
+     * it listens on, found again under a new name. */
+    if (o->self[0] != '\0' || dns_changed)
+        snprintf(p->self, sizeof(p->self), "%s", o->self);
+    snprintf(p->self_host, sizeof(p->self_host), "%s", o->self_host ? o->self_host : "");
+    /* A list says who the candidates are now; a DNS name says it at its
+     * next answer (asked at once), until which the known ones stay. */
+    for (size_t i = 0; i < p->n; i++)
+        p->c[i]->seen = p->use_dns;
+    if (!p->use_dns)
+        pl_ring_each_name(p->list, named, p);
+    for (size_t i = p->n; i-- > 0;) {
+        cand *c = p->c[i];
+        c->self = strcmp(c->name, p->self) == 0;
+        c->alias = c->warned = 0;
+        if (c->seen || c->self || c->gone)
+            continue;
+        c->gone = 1;
+        c->up = 0;
+        if (!c->open && !c->resolving)
+            drop(p, c);
+        else
+            close_conn(c);
+    }
+    if (p->use_dns) {
+        p->stale = 1;
+        p->resolved_at = 0; /* looked up at the next tick, now */
+    }
+    uv_timer_start(&p->timer, tick, 0, o->check_ms);
+    rebuild(p);
+    return 0;
 }
 
 void pl_peers_leave(pl_peers *p)

@@ -57,6 +57,27 @@ static const char *not_text(const char *s, size_t len)
     return NULL;
 }
 
+/* A refused poll's key: the deployment its token claims (never verified)
+ * or the bare id, if that is text a key could hold; else none. Read for
+ * the status page, to say whose poll was refused. */
+static void refused_deployment(const char *id, size_t len, pl_key *key,
+                               pl_token_claims *claims)
+{
+    long n = pl_token_deployment(id, len, claims->deployment, sizeof(claims->deployment));
+
+    key->deployment_len = 0;
+    if (n < 0 && n != PL_TOKEN_NOT_JWT)
+        return;
+    if (n >= 0) {
+        id = claims->deployment;
+        len = (size_t)n;
+    }
+    if (len <= PL_KEY_FIELD_MAX && not_text(id, len) == NULL) {
+        key->deployment = id;
+        key->deployment_len = len;
+    }
+}
+
 /* Sets the key's deployment from the deployment-id header. */
 static int read_deployment(const pl_request *req, pl_token_verifier *verifier,
                            int enforce, double now, pl_key *key,
@@ -87,6 +108,7 @@ static int read_deployment(const pl_request *req, pl_token_verifier *verifier,
         if (enforce) {
             *err = r == PL_TOKEN_LEGACY ? "a signed deployment token is required"
                                         : "invalid deployment token";
+            refused_deployment(id, len, key, claims);
             return -EACCES;
         }
     }
@@ -219,4 +241,58 @@ int pl_poll_rejudge_one(const pl_waiter_info *info, unsigned *tag, const void **
            : *tag == PL_POLL_TRUST_INVALID ? "invalid deployment token"
                                            : NULL;
     return 1;
+}
+
+int pl_poll_verifier_new(const pl_config *cfg, pl_token_verifier **out)
+{
+    const char *cur = cfg->token_secret, *prev = cfg->token_secret_previous;
+
+    *out = NULL;
+    if (cfg->token_mode == PL_TOKEN_MODE_DISABLED)
+        return 0;
+    *out = pl_token_verifier_new((const unsigned char *)cur, strlen(cur));
+    if (*out != NULL && *prev != '\0' &&
+        pl_token_verifier_set_previous(*out, (const unsigned char *)prev, strlen(prev)) != 0) {
+        pl_token_verifier_free(*out);
+        *out = NULL;
+    }
+    return *out != NULL ? 0 : -ENOMEM;
+}
+
+/* pl_engine_settle_if's judge for warm_starts = off: every poll goes. */
+static int judge_off(const pl_waiter_info *info, unsigned *tag, const void **why, void *arg)
+{
+    (void)info, (void)tag, (void)arg;
+    *why = PL_POLL_OFF_REASON;
+    return 1;
+}
+
+void pl_poll_reload_parked(pl_engine *e, const pl_config *old, const pl_config *next)
+{
+    pl_poll_rejudge r;
+    size_t revoked = 0, rejected = 0;
+
+    if (pl_poll_rejudge_init(&r, old, next))
+        revoked = pl_engine_settle_if(e, PL_OUTCOME_REVOKED, pl_poll_rejudge_one, &r);
+    /* Warm starts turned off: a non-2xx answer ends a controller's wait
+     * for its next run at once (WarmStartClient returns no run, and the
+     * run controller exits), where a closed poll would be retried. */
+    if (next->warm_starts == PL_WARM_STARTS_OFF && old->warm_starts != PL_WARM_STARTS_OFF)
+        rejected = pl_engine_settle_if(e, PL_OUTCOME_REJECTED, judge_off, NULL);
+    else if (next->max_waiters < old->max_waiters ||
+             next->max_waiters_per_key < old->max_waiters_per_key)
+        rejected = pl_engine_enforce_caps(e);
+    if (revoked + rejected > 0)
+        PL_LOG(PL_LOG_WARN, "reload: parked polls refused under the new settings",
+               "\"revoked\":%zu,\"rejected\":%zu", revoked, rejected);
+}
+
+int pl_poll_expiring(uint64_t parked_at, uint64_t now, uint64_t timeout_ms, uint32_t rtt_us,
+                     uint32_t rttvar_us)
+{
+    uint64_t rtt = rtt_us != 0 ? rtt_us : 1000;
+    uint64_t margin_ms = (2 * rtt + 4 * (uint64_t)rttvar_us) / 1000 + 10;
+
+    return now >= parked_at + timeout_ms ||
+           now + margin_ms >= parked_at + timeout_ms;
 }

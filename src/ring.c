@@ -58,6 +58,59 @@ static int name_cmp(const char *member, const char *name, size_t len)
     return c != 0 ? c : (mlen > len) - (mlen < len);
 }
 
+uint64_t pl_ring_digest(const pl_ring *r)
+{
+    uint64_t h = 0;
+
+    /* The members are sorted, so the same set gives the same sequence. */
+    for (size_t i = 0; i < r->n; i++)
+        h = (h ^ r->m[i].seed) * 0x100000001b3ULL + i;
+    return r->n == 0 ? 0 : h | 1;
+}
+
+/* Reads a run of at most <max> digits of base <base> (10, or 16 in
+ * lowercase) from *p into *out. Returns 0, or -EINVAL for none or more. */
+static int digits(const char **p, const char *end, unsigned base, size_t max, uint64_t *out)
+{
+    const char *s = *p;
+    uint64_t n = 0;
+
+    for (; s < end && (size_t)(s - *p) <= max; s++) {
+        unsigned d = *s >= '0' && *s <= '9' ? (unsigned)(*s - '0')
+                     : base == 16 && *s >= 'a' && *s <= 'f' ? (unsigned)(*s - 'a' + 10)
+                                                             : base;
+        if (d == base)
+            break;
+        n = n * base + d;
+    }
+    if (s == *p || (size_t)(s - *p) > max)
+        return -EINVAL;
+    *p = s;
+    *out = n;
+    return 0;
+}
+
+int pl_ring_view_read(const char *v, size_t len, int with_clock, pl_ring_view *out)
+{
+    const char *p = v, *end = v + len;
+    size_t n;
+
+    if (digits(&p, end, 16, 16, &out->digest) != 0 || p - v != 16 || p == end || *p++ != ' ')
+        return -EINVAL;
+    out->ms = 0;
+    if (with_clock && (digits(&p, end, 10, 13, &out->ms) != 0 || p == end || *p++ != ' '))
+        return -EINVAL;
+    n = (size_t)(end - p);
+    if (n == 0 || n >= PL_RING_NAME_MAX)
+        return -EINVAL;
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)p[i] <= ' ' || (unsigned char)p[i] >= 0x7f)
+            return -EINVAL;
+    memcpy(out->name, p, n);
+    out->name[n] = '\0';
+    return 0;
+}
+
 int pl_ring_add(pl_ring *r, const char *name, size_t len)
 {
     size_t at = 0;

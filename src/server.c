@@ -22,6 +22,7 @@
 #include "pilotlight/peers.h"
 #include "pilotlight/pool.h"
 #include "pilotlight/reclaim.h"
+#include "pilotlight/redirect.h"
 #include "pilotlight/routes.h"
 #include "pilotlight/server.h"
 #include "pilotlight/upgrade.h"
@@ -44,6 +45,7 @@ typedef struct {
     unsigned serves[2];     /* PL_SERVE_* of http and dispatch_http */
     pl_upgrade *up;         /* a binary upgrade in progress, or NULL */
     pl_peers *peers;        /* the key ring's members, or NULL */
+    pl_peers *retired[4];   /* rings a reload turned off: freed at exit */
     char exe[PATH_MAX];     /* this binary, as resolved at start */
     uv_signal_t sigterm, sigint, sighup, sigusr2;
     uv_timer_t drain_timer; /* drain delay, then the shutdown deadline */
@@ -63,6 +65,8 @@ static void on_drained(void *arg)
         pl_http_stop(s->dispatch_http);
     pl_broker_stop(s->broker);
     pl_peers_stop(s->peers);
+    for (int i = 0; i < 4; i++)
+        pl_peers_stop(s->retired[i]);
     pl_lag_stop(s->lag);
     pl_reclaim_stop();
     uv_close((uv_handle_t *)&s->sigterm, NULL);
@@ -231,10 +235,25 @@ static int listen_all(server *s, pl_http *h, const pl_listen_addr *addr, const c
     return rc;
 }
 
-static pl_http_limits http_limits(const pl_config *cfg)
+void pl_server_hold_signals(int how)
+{
+    sigset_t set;
+
+    sigemptyset(&set);
+    sigaddset(&set, SIGHUP);
+    sigaddset(&set, SIGUSR2);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    sigprocmask(how, &set, NULL);
+}
+
+/* The limits of a listener serving <serves>: the dispatch listener of a
+ * split has a share of the descriptors of its own (pl_config_fit_nofile). */
+static pl_http_limits http_limits(const pl_config *cfg, unsigned serves)
 {
     pl_http_limits limits = {
-        .max_connections = cfg->max_connections,
+        .max_connections = serves == PL_SERVE_DISPATCH ? cfg->dispatch_max_connections
+                                                       : cfg->max_connections,
         .max_header_bytes = cfg->max_header_bytes,
         .max_url_bytes = cfg->max_url_bytes,
         .max_body_bytes = cfg->max_body_bytes,
@@ -262,20 +281,44 @@ static void keep_fixed(const pl_config *cur, pl_config *next)
                "to change them)", NULL);
     next->listen = cur->listen;
     next->dispatch_listen = cur->dispatch_listen;
-    if (strcmp(cur->ring_peers, next->ring_peers) != 0 ||
-        strcmp(cur->ring_dns, next->ring_dns) != 0 ||
-        strcmp(cur->ring_self, next->ring_self) != 0 ||
-        cur->ring_check_ms != next->ring_check_ms ||
-        cur->ring_check_timeout_ms != next->ring_check_timeout_ms ||
-        cur->ring_resolve_ms != next->ring_resolve_ms)
-        PL_LOG(PL_LOG_WARN, "ring settings cannot change live: kept (restart or upgrade to "
-               "change them)", NULL);
-    memcpy(next->ring_peers, cur->ring_peers, sizeof(cur->ring_peers));
-    memcpy(next->ring_dns, cur->ring_dns, sizeof(cur->ring_dns));
-    memcpy(next->ring_self, cur->ring_self, sizeof(cur->ring_self));
-    next->ring_check_ms = cur->ring_check_ms;
-    next->ring_check_timeout_ms = cur->ring_check_timeout_ms;
-    next->ring_resolve_ms = cur->ring_resolve_ms;
+}
+
+static int ring_settings_differ(const pl_config *a, const pl_config *b)
+{
+    return strcmp(a->ring_peers, b->ring_peers) != 0 || strcmp(a->ring_dns, b->ring_dns) != 0 ||
+           strcmp(a->ring_self, b->ring_self) != 0 || a->ring_check_ms != b->ring_check_ms ||
+           a->ring_check_timeout_ms != b->ring_check_timeout_ms ||
+           a->ring_resolve_ms != b->ring_resolve_ms;
+}
+
+static int start_peers(server *s);
+static pl_peers_opts peers_opts(server *s);
+
+/* The ring's settings after a reload (s->cfg is the new configuration):
+ * the members as the new list or name has them, kept members keeping their
+ * state, and the polls of keys that moved sent on as on any change. */
+static void ring_reload(server *s, int was_on)
+{
+    int on = s->cfg->ring_peers[0] != '\0' || s->cfg->ring_dns[0] != '\0';
+    pl_peers_opts o = peers_opts(s);
+    char err[256];
+
+    if (was_on && on) {
+        if (pl_peers_reconfigure(s->peers, &o, err, sizeof(err)) != 0)
+            PL_LOG(PL_LOG_ERROR, "ring settings not taken up", "\"error\":\"%s\"", err);
+    } else if (on) {
+        start_peers(s);
+    } else if (s->peers != NULL) {
+        /* No ring any more: this instance serves every key. */
+        pl_peers_stop(s->peers);
+        for (int i = 0; i < 4; i++)
+            if (s->retired[i] == NULL) {
+                s->retired[i] = s->peers;
+                break;
+            }
+        s->peers = NULL;
+        pl_broker_ring_off(s->broker);
+    }
 }
 
 /* SIGHUP: the configuration is read again from where it came from at start
@@ -297,8 +340,9 @@ static void reload(server *s)
         pl_free(next);
         return;
     }
+    pl_config_log_notes(next);
     if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
-        pl_config_fit_nofile(next, rl.rlim_cur);
+        pl_config_fit_nofile(next, rl.rlim_cur, NULL);
     keep_fixed(s->cfg, next);
     if (pl_broker_reconfigure(s->broker, next) != 0) {
         PL_LOG(PL_LOG_ERROR, "reload failed: configuration unchanged",
@@ -306,11 +350,16 @@ static void reload(server *s)
         pl_free(next);
         return;
     }
+    int ring_changed = ring_settings_differ(s->cfg, next);
+    int ring_was_on = s->peers != NULL;
     pl_config_diff(s->cfg, next, log_changed, NULL);
     memcpy(s->cfg, next, sizeof(*next));
     pl_free(next);
-    pl_http_limits limits = http_limits(s->cfg);
+    if (ring_changed)
+        ring_reload(s, ring_was_on);
+    pl_http_limits limits = http_limits(s->cfg, s->serves[0]);
     pl_http_set_limits(s->http, &limits);
+    limits = http_limits(s->cfg, PL_SERVE_DISPATCH);
     if (s->dispatch_http)
         pl_http_set_limits(s->dispatch_http, &limits);
     pl_log_threshold = (pl_log_level)s->cfg->log_level;
@@ -382,7 +431,7 @@ static void on_sigusr2(uv_signal_t *sig, int signum)
  * Returns it, or NULL. */
 static pl_http *new_http(server *s, unsigned serves)
 {
-    pl_http_limits limits = http_limits(s->cfg);
+    pl_http_limits limits = http_limits(s->cfg, serves);
     pl_http_callbacks cb = {
         .on_request = pl_routes_on_request,
         .on_response = pl_routes_on_response,
@@ -434,14 +483,20 @@ static int adopt(server *s, const char *fdvar)
     return rc;
 }
 
-static void on_ring(void *arg, const pl_ring *ring, int self)
+static void on_ring(void *arg, const pl_ring *ring, int self, int agreed)
 {
-    pl_broker_ring_changed(arg, ring, self);
+    pl_broker_ring_changed(arg, ring, self, agreed);
 }
 
-/* Joins the key ring, when one is configured: listening already, so the
- * peers that check this instance find it serving. */
-static int start_peers(server *s)
+/* A peer's check told its view: the members may have changed. */
+static void on_heard(void *arg, uint64_t digest, const char *name, size_t len)
+{
+    server *s = arg;
+
+    pl_peers_heard(s->peers, digest, name, len);
+}
+
+static pl_peers_opts peers_opts(server *s)
 {
     const pl_config *cfg = s->cfg;
     pl_peers_opts o = {
@@ -450,19 +505,34 @@ static int start_peers(server *s)
         .self = cfg->ring_self,
         .self_host = cfg->listen.host,
         .self_port = cfg->listen.port,
+        /* Asked on the dispatch listener when there is one: it keeps
+         * descriptors of its own, which controllers cannot take. */
+        .check_port = cfg->dispatch_listen.host[0] != '\0' ? cfg->dispatch_listen.port : 0,
+        .skew_ms = &pl_broker_metrics(s->broker)->ring_clock_skew_ms,
         .check_ms = cfg->ring_check_ms,
         .timeout_ms = cfg->ring_check_timeout_ms,
         .resolve_ms = cfg->ring_resolve_ms,
     };
+    return o;
+}
+
+/* Joins the key ring, when one is configured: listening already, so the
+ * peers that check this instance find it serving. */
+static int start_peers(server *s)
+{
+    const pl_config *cfg = s->cfg;
+    pl_peers_opts o = peers_opts(s);
     char err[256];
 
     if (cfg->ring_peers[0] == '\0' && cfg->ring_dns[0] == '\0')
         return 0;
+    pl_redirect_on_heard(pl_broker_ring(s->broker), on_heard, s);
     s->peers = pl_peers_start(&s->loop, &o, on_ring, s->broker, err, sizeof(err));
     if (s->peers == NULL) {
         PL_LOG(PL_LOG_ERROR, "cannot join the ring", "\"error\":\"%s\"", err);
         return -EINVAL;
     }
+    pl_status_set_peers(pl_broker_status(s->broker), s->peers);
     return 0;
 }
 
@@ -500,6 +570,8 @@ static int start(server *s)
     uv_signal_start(&s->sigint, on_signal, SIGINT);
     uv_signal_start(&s->sighup, on_sighup, SIGHUP);
     uv_signal_start(&s->sigusr2, on_sigusr2, SIGUSR2);
+    /* delivered now, to the handlers just set up, should one have come */
+    pl_server_hold_signals(SIG_UNBLOCK);
     if (fdvar != NULL) {
         if ((rc = adopt(s, fdvar)) != 0)
             return rc;
@@ -546,11 +618,13 @@ int pl_server_run(pl_config *cfg, int argc, char **argv, char **envp)
     uv_run(&s.loop, UV_RUN_DEFAULT);
     uv_loop_close(&s.loop);
     if (s.broker != NULL)
-        pl_broker_log_ledger(s.broker);
+        pl_status_log_ledger(pl_broker_status(s.broker));
     pl_http_free(s.http);
     pl_http_free(s.dispatch_http);
     pl_broker_free(s.broker);
     pl_peers_free(s.peers);
+    for (int i = 0; i < 4; i++)
+        pl_peers_free(s.retired[i]);
     pl_lag_free(s.lag);
     /* Pooled objects are out of the leak checkers' sight: one still handed
      * out now is a leak, and fails the run as valgrind would. */

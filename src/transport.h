@@ -12,9 +12,9 @@
 
 #include "pilotlight/http.h"
 #include "pilotlight/buf.h"
+#include "pilotlight/loop.h"
+#include "pilotlight/mem.h"
 
-#define container_of(ptr, type, member) \
-    ((type *)(void *)((char *)(ptr) - offsetof(type, member)))
 
 #define PL_HTTP_READ_BUFFER_SIZE 65536
 
@@ -24,9 +24,9 @@
  * is a held one. */
 enum { TL_NONE = 0, TL_REQUEST, TL_IDLE, TL_LINGER, TL_RESUME, TL__COUNT };
 
-/* ACK reports of a connection; ACKS_REFUSED_NEW: refused by a write, not
- * yet told by pl_conn_expect_ack. */
-enum { ACKS_OFF = 0, ACKS_ON, ACKS_REFUSED, ACKS_REFUSED_NEW };
+/* Whether the kernel reports a connection's ACKs: not asked yet, it does,
+ * it refused (the option, or a write asking for one). */
+enum { ACKS_OFF = 0, ACKS_ON, ACKS_REFUSED };
 
 /* A connection holds only what outlives a request: a parked poll costs its
  * socket, this and its waiter. The parser state and the request's bytes
@@ -48,18 +48,18 @@ struct pl_conn {
     unsigned tuned : 1;        /* dead-peer detection is on */
     unsigned keep_alive : 1;   /* of the request being answered */
     unsigned head : 1;         /* that request is a HEAD */
-    unsigned acks : 2;         /* ACK reports: ACKS_* */
+    unsigned acks : 2;         /* the kernel's ACK reports: ACKS_* */
+    unsigned reports : 2;      /* the owner's switch (pl_conn_set_reports) */
     unsigned ack_waiting : 1;  /* PL_CONN_EV_ACKED is due at ack_want */
-    /* Its ACKs come with its next request, which says as much as a report
-     * would: its writes ask for none, saving a recvmsg() and libuv's
-     * EPOLL_CTL_MOD per delivery. */
-    unsigned acks_ride : 1;
-    unsigned acks_skip : 1;    /* its next write asks for none (pl_conn_skip_ack_report) */
-    unsigned reported : 1;     /* the last byte written asked for a report */
     unsigned eof_holds : 1;    /* a half-close leaves the pending request be */
     unsigned peer_eof : 1;     /* the peer half-closed: answer, then close */
     unsigned peer_reset : 1;   /* closing because the peer reset it */
     unsigned held : 1;         /* its owner holds it open (pl_conn_hold) */
+    unsigned parked : 1;       /* its pending request may wait long (a poll):
+                                * little is kept behind it */
+    unsigned discard : 1;      /* more came behind that than is kept: read and
+                                * dropped, and the connection closes after
+                                * the answer */
     unsigned ended : 2;        /* a held connection's end: PL_CONN_END_* */
     uint32_t out_bytes;        /* bytes ever given to the socket, mod 2^32 */
     uint32_t ack_origin;       /* out_bytes in the kernel when reports began */
@@ -91,9 +91,6 @@ struct pl_http {
     uint64_t timeouts[TL__COUNT];
     uint64_t nconns;
     uint64_t last_accept_error;
-    /* Loop times of the last two reads a millisecond apart or more: bytes
-     * read now arrived after the poll that returned the earlier one. */
-    uint64_t read_ms, prev_read_ms;
     uint64_t refused[PL_HTTP_REFUSED__COUNT];
     int spare_fd;            /* given up to shed connections at EMFILE */
     uv_timer_t accept_timer; /* resumes accepting after a pause */
@@ -140,11 +137,10 @@ void pl__timers_rearm(pl_http *h);
  * written, UV_EAGAIN, or a negative error. */
 int pl__conn_write_reported(pl_conn *c, const uv_buf_t *bufs, unsigned n);
 
-/* Takes one report off <c>'s error queue. <with_request>: it came with
- * bytes of a request. Returns 0 when it covers the mark set by
- * pl_conn_expect_ack (the caller tells the owner), -ENOMSG when not,
+/* Takes one report off <c>'s error queue. Returns 0 when it covers the
+ * last reported byte (the caller tells the owner), -ENOMSG when not,
  * -EAGAIN when the queue was empty (or another negative errno). */
-int pl__conn_take_ack_report(pl_conn *c, int with_request);
+int pl__conn_take_ack_report(pl_conn *c);
 
 /* ---- conn.c: connections ---- */
 
@@ -159,8 +155,8 @@ void pl__conn_start(pl_conn *c, uint8_t list);
 /* <c> reads (again). */
 void pl__conn_read(pl_conn *c);
 
-/* Tells <c>'s owner of <ev> (PL_CONN_EV_*). */
-void pl__conn_event(pl_conn *c, int ev);
+/* Tells <c>'s owner of <ev> (PL_CONN_EV_*) with <arg>. */
+void pl__conn_event(pl_conn *c, int ev, int arg);
 
 /* Closes <c> (once): its owner is told, its memory goes in the close
  * callback. */

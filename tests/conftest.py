@@ -12,6 +12,7 @@ import copy
 import ctypes
 import json
 import os
+import sys
 import re
 import select
 import signal
@@ -24,7 +25,8 @@ from pathlib import Path
 
 import pytest
 
-import impair  # standard library only: namespaces, limits
+sys.path.insert(0, str(Path(__file__).resolve().parent / "harness"))
+import impair  # noqa: E402  standard library only: namespaces, limits
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BIN = os.environ.get("PILOTLIGHT_BIN", str(REPO_ROOT / "build" / "pilotlight"))

@@ -120,7 +120,7 @@ unset ASAN_OPTIONS UBSAN_OPTIONS
 # and they would double this pass's time. The sanitizer build runs them all.
 mkdir -p "$out/valgrind"
 PL_VALGRIND_BIN="$root/build/pilotlight" PL_VALGRIND_LOGS="$out/valgrind" \
-    pysuite tests/blackbox "$root/tests/valgrind-wrap.sh" valgrind \
+    pysuite tests/blackbox "$root/tests/harness/valgrind-wrap.sh" valgrind \
     --ignore=tests/blackbox/test_impaired.py --ignore=tests/blackbox/test_vanished.py \
     --ignore=tests/blackbox/test_ring.py --ignore=tests/blackbox/test_ring_leave.py \
     --ignore=tests/blackbox/test_hostile.py --ignore=tests/blackbox/test_validation.py \

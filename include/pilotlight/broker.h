@@ -8,10 +8,13 @@
 
 #include <uv.h>
 
+#include "pilotlight/broker-t.h"
+#include "pilotlight/cluster.h"
 #include "pilotlight/config.h"
 #include "pilotlight/http.h"
 #include "pilotlight/metrics.h"
 #include "pilotlight/ring.h"
+#include "pilotlight/status.h"
 
 typedef struct pl_broker pl_broker;
 
@@ -38,28 +41,32 @@ pl_broker_view *pl_broker_view_of(pl_broker *b, unsigned serves);
 /* Lets /metrics count the connections of <h> (up to two listeners). */
 void pl_broker_attach(pl_broker *b, const pl_http *h);
 
-/* GET /warm-start: parks a controller's poll (or answers why not). */
-void pl_broker_park(pl_broker *b, pl_conn *c, const pl_request *req);
+/* GET /warm-start: parks a controller's poll (or answers why not). <hop>
+ * is what the request's query says of its redirects (routes.c reads it). */
+void pl_broker_park(pl_broker *b, pl_conn *c, const pl_request *req, const pl_hop *hop);
 
 /* POST /warm-start: hands the run to a parked poll of its key, and answers
  * didWarmStart (delivery = confirm: once it is known). */
-void pl_broker_dispatch(pl_broker *b, pl_conn *c, const pl_request *req);
+void pl_broker_dispatch(pl_broker *b, pl_conn *c, const pl_request *req, const pl_hop *hop);
 
 /* The key ring changed (peers.h): from now on requests for keys another
  * member owns are redirected there (307), and the polls parked here for
- * them are sent there at once (outcome MOVED). <self> is this instance's
- * index in <ring>, -1 once it has left (it drains: it owns nothing). */
-void pl_broker_ring_changed(pl_broker *b, const pl_ring *ring, int self);
+ * them are sent there (outcome MOVED; redirect.h says when). <self> is
+ * this instance's index in <ring>, -1 once it has left (it drains: it owns
+ * nothing); <agreed>: every member up reports the same members. */
+void pl_broker_ring_changed(pl_broker *b, const pl_ring *ring, int self, int agreed);
+
+/* No ring any more (a reload removed it): every key is served here. */
+void pl_broker_ring_off(pl_broker *b);
 
 /* What the small endpoints serve: /connect's body (<len> bytes), whether
- * the server drains (/readyz), /metrics as text (its length, 0 when it
- * did not fit; *text valid until the next call), and /debug/waiters as
- * JSON for at most <max> keys (freed with cJSON_free; NULL when out of
- * memory). */
+ * the server drains (/readyz), and what serves /metrics and /debug/waiters. */
 const char *pl_broker_connect_body(const pl_broker *b, size_t *len);
 int pl_broker_draining(const pl_broker *b);
-size_t pl_broker_metrics_text(pl_broker *b, const char **text);
-char *pl_broker_waiters_json(const pl_broker *b, size_t max);
+pl_status *pl_broker_status(pl_broker *b);
+
+/* The key ring's side of the broker (redirect.h). */
+struct pl_redirect *pl_broker_ring(pl_broker *b);
 
 /* Takes up <next> (a live reload): caps, order and park timeout, token
  * mode and secrets (a new verifier, so a dropped secret's cached tokens go
@@ -108,9 +115,6 @@ void pl_broker_hand_over(pl_broker *b, pl_waiter *w);
  * (PL_ENOMEM, PL_EINVAL, PL_EEXIST) with <c> left as it was. */
 int pl_broker_adopt(pl_broker *b, pl_conn *c, const pl_key *key, const char *id,
                     size_t id_len, uint64_t age_ms);
-
-/* Logs the ledger (at exit: the last word on every poll this process held). */
-void pl_broker_log_ledger(const pl_broker *b);
 
 /* /readyz answers 503 from now on. */
 void pl_broker_set_draining(pl_broker *b);

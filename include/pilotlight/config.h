@@ -7,6 +7,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "pilotlight/cidr.h"
+
 #define PL_CONFIG_HOST_MAX 256
 #define PL_CONFIG_STRING_MAX 512
 /* The configuration file: at most this many bytes, each line at most
@@ -47,6 +49,10 @@ typedef struct {
     char token_secret[PL_CONFIG_STRING_MAX];      /* never printed or logged */
     char token_secret_file[PL_CONFIG_STRING_MAX]; /* read into token_secret */
     char dispatch_token[PL_CONFIG_STRING_MAX];    /* bearer for dispatch; "" = none */
+    char dispatch_allow[PL_CONFIG_STRING_MAX];    /* who may dispatch; "" = anyone */
+    pl_cidr_list dispatch_allow_nets;             /* ... as parsed */
+    uint64_t dispatch_max_connections;            /* the dispatch listener's own */
+    int warm_starts;                              /* PL_WARM_STARTS_* */
     char token_secret_previous[PL_CONFIG_STRING_MAX];      /* rotation; never printed */
     char token_secret_previous_file[PL_CONFIG_STRING_MAX]; /* read into the above */
     char upgrade_binary[PL_CONFIG_STRING_MAX];    /* SIGUSR2 runs it; "" = our own */
@@ -58,9 +64,13 @@ typedef struct {
     uint64_t ring_resolve_ms;
     uint64_t upgrade_step_timeout_ms; /* each step of the new process, at most */
     int log_level;            /* pl_log_level */
+    /* What loading found worth a word but not a refusal (an environment
+     * variable that names no setting), one per line; "" = nothing. */
+    char notes[512];
 } pl_config;
 
 enum { PL_DELIVERY_WRITTEN = 0, PL_DELIVERY_CONFIRM = 1 };
+enum { PL_WARM_STARTS_ON = 0, PL_WARM_STARTS_OFF = 1 };
 enum { PL_TOKEN_MODE_DISABLED = 0, PL_TOKEN_MODE_LOG, PL_TOKEN_MODE_ENFORCE };
 
 typedef enum {
@@ -95,8 +105,22 @@ void pl_config_usage(FILE *out);
 void pl_config_diff(const pl_config *old, const pl_config *cfg,
                     void (*fn)(const char *name, const char *value, void *arg), void *arg);
 
-/* Lowers max_connections so that it and a small reserve fit <nofile>
- * descriptors. Returns the resulting max_connections. */
-uint64_t pl_config_fit_nofile(pl_config *cfg, uint64_t nofile);
+/* Logs each of cfg->notes as a warning (log.h). */
+void pl_config_log_notes(const pl_config *cfg);
+
+/* How <nofile> descriptors are shared out: the controllers' listener (or
+ * the one listener), the dispatch listener's own (with dispatch_listen:
+ * dispatches, /metrics and the ring's checks, out of reach of the
+ * controllers), this instance's checks of its ring peers, and the
+ * process's own (listeners, the loop, logs, a spare for refusing). */
+typedef struct {
+    uint64_t nofile, controllers, dispatch, ring, own;
+} pl_config_fds;
+
+/* Lowers max_connections (and dispatch_max_connections, when the limit is
+ * too small for both) so that every plane fits <nofile> descriptors, each
+ * connection over its limit still accepted and answered 503. Fills *fds
+ * (NULL: not wanted). Returns the resulting max_connections. */
+uint64_t pl_config_fit_nofile(pl_config *cfg, uint64_t nofile, pl_config_fds *fds);
 
 #endif

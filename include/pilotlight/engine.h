@@ -77,38 +77,40 @@ pl_engine *pl_engine_new(const pl_engine_opts *opts);
 /* Settles every remaining waiter as PL_OUTCOME_SHUTDOWN, then frees <e>. */
 void pl_engine_free(pl_engine *e);
 
-/* Parks a poll for <key> from controller <id> (<id_len> bytes, copied).
- * An older waiter of the same controller id and the same key deployment is
- * settled REPLACED first; one of another deployment is left alone.
- * Over a cap, the new waiter is settled REJECTED at once (the callback runs
- * before this returns). Returns 0 and sets *out when parked, PL_EREJECTED when
- * rejected, PL_ENOMEM or PL_EINVAL (nothing settled, nothing changed) when
- * out of memory or the key cannot be encoded. */
-int pl_engine_park(pl_engine *e, const pl_key *key, const char *id,
-                   size_t id_len, void *owner, uint64_t now, pl_waiter **out);
-
-/* A key's place in the engine, found once for one park or delivery so that
- * a decision taken in between (the key ring's: is the key served here?)
- * can be kept with the key. Valid until the engine next changes. */
+/* A key's place in the engine: a park or a delivery starts by finding it,
+ * once, so that a decision taken in between (the key ring's: is the key
+ * served here?) costs no second lookup and can be kept with the key. Valid
+ * until the engine next changes. */
 typedef struct {
+    const pl_key *key;             /* the key found (the caller's, not copied) */
     struct pl_engine_entry *entry; /* NULL while nothing is parked for the key */
     uint32_t mark;                 /* the caller's word about the key (below) */
+    uint32_t note;                 /* a second caller's word, kept alike */
+    uint32_t hash;                 /* pl_hash() of the encoding, which the engine's own
+                                    * lookup computed: a caller's table of keys
+                                    * needs no second one (0 when len is 0) */
     size_t len;                    /* bytes of buf, the key's encoding; 0: none */
     unsigned char buf[PL_KEY_ENCODED_MAX];
 } pl_engine_spot;
 
 /* Finds <key>'s place. spot->mark is what the caller last left with the key
  * while it had waiters, 0 for a key without them: a word the engine gives
- * no meaning, kept from one pl_engine_park_at() or pl_engine_deliver_at()
- * to the next as long as the key has a waiter, and forgotten with its last
- * one. Returns 0, or PL_EINVAL when the key cannot be encoded. */
+ * no meaning, kept from one pl_engine_park() or pl_engine_deliver() to the
+ * next as long as the key has a waiter, and forgotten with its last one.
+ * spot->note is a second such word, for a second caller.
+ * Returns 0, or PL_EINVAL when the key cannot be encoded. */
 int pl_engine_find(const pl_engine *e, const pl_key *key, pl_engine_spot *spot);
 
-/* pl_engine_park() at the place pl_engine_find() gave for <key>, which
- * keeps spot->mark with the key when the waiter parks. */
-int pl_engine_park_at(pl_engine *e, const pl_engine_spot *spot, const pl_key *key,
-                      const char *id, size_t id_len, void *owner, uint64_t now,
-                      pl_waiter **out);
+/* Parks a poll from controller <id> (<id_len> bytes, copied) at the place
+ * pl_engine_find() gave for its key, keeping spot->mark and spot->note with
+ * the key. An older waiter of the same controller id and the same key
+ * deployment is settled REPLACED first; one of another deployment is left
+ * alone. Over a cap, the new waiter is settled REJECTED at once (the callback runs
+ * before this returns). Returns 0 and sets *out when parked, PL_EREJECTED
+ * when rejected, PL_ENOMEM or PL_EINVAL (nothing settled, nothing changed)
+ * when out of memory or the key could not be encoded. */
+int pl_engine_park(pl_engine *e, const pl_engine_spot *spot, const char *id, size_t id_len,
+                   void *owner, uint64_t now, pl_waiter **out);
 
 /* The engine's errors, negative errno values as every call returns them. */
 #define PL_EREJECTED (-ENOSPC) /* over a cap: the poll was settled REJECTED */
@@ -186,12 +188,15 @@ void pl_engine_settle(pl_engine *e, pl_waiter *w, pl_outcome outcome);
 /* What pl_engine_vet_fn answers for one waiter about to be offered a payload. */
 enum {
     PL_VET_OFFER = 0, /* offer it */
-    PL_VET_SKIP,      /* pass it over in this round (it stays parked) */
+    PL_VET_SKIP,      /* pass it over in this round (it stays parked, and is
+                       * offered in a second round if nobody took it) */
     PL_VET_STOP,      /* offer the payload to nobody */
+    PL_VET_PASS,      /* pass it over altogether (it stays parked) */
 };
 
-/* Asked about each waiter, by its owner, before it is offered a payload. */
-typedef int (*pl_engine_vet_fn)(void *owner, void *arg);
+/* Asked about each waiter, by its owner and when it was parked, before it
+ * is offered a payload. */
+typedef int (*pl_engine_vet_fn)(void *owner, uint64_t parked_at, void *arg);
 
 /* One dispatch's way through pl_engine_deliver(): what goes in, what comes
  * out. */
@@ -204,9 +209,10 @@ typedef struct {
     uint64_t waited_ms;    /* out: how long that waiter was parked */
 } pl_delivery;
 
-/* Offers <d>->payload to the waiters of <key> in match order until one
- * takes it. A waiter whose callback refuses is settled DISCONNECT and the
- * next one is offered. With a vet function, each waiter is vetted first:
+/* Offers <d>->payload to the waiters of the key at the place
+ * pl_engine_find() gave, in match order, until one takes it (spot->mark and
+ * spot->note are kept with the key while it has waiters left). A waiter
+ * whose callback refuses is settled DISCONNECT and the next one is offered. With a vet function, each waiter is vetted first:
  * the ones skipped are offered in a second round, in match order, only
  * when no other took the payload (suspects last). Returns PL_DELIVERED when
  * a waiter took it, PL_DELIVERY_PENDING when the taking waiter's callback
@@ -214,12 +220,7 @@ typedef struct {
  * pl_engine_confirm()), PL_DELIVERY_STOPPED when the vet stopped it, or 0
  * when nobody took it. Nothing is queued either way. d->owner and
  * d->waited_ms are set when a waiter took it. */
-int pl_engine_deliver(pl_engine *e, const pl_key *key, uint64_t now, pl_delivery *d);
-
-/* pl_engine_deliver() at the place pl_engine_find() gave, which keeps
- * spot->mark with the key while it has waiters left. */
-int pl_engine_deliver_at(pl_engine *e, const pl_engine_spot *spot, uint64_t now,
-                         pl_delivery *d);
+int pl_engine_deliver(pl_engine *e, const pl_engine_spot *spot, uint64_t now, pl_delivery *d);
 
 #define PL_DELIVERED 1
 #define PL_DELIVERY_PENDING 2
@@ -262,6 +263,32 @@ typedef struct {
  * Returns the number of such keys in all. */
 size_t pl_engine_each_key(const pl_engine *e, size_t max,
                           void (*fn)(const pl_key_info *info, void *arg), void *arg);
+
+/* What is parked nearest to a key, for a dispatch that found nobody:
+ * pl_engine_nearest() fills it. */
+typedef struct {
+    size_t deployment_keys;   /* keys with a waiter for the key's deployment */
+    size_t deployment_parked; /* waiters for the key's deployment, any version
+                               * or machine */
+    size_t version_parked;    /* ... of which on the key's version: on other
+                               * machines, or the key's own */
+    size_t key_parked;        /* ... of which on the key itself */
+    /* The nearest other key with a waiter, of the key's deployment: the one
+     * with the most waiters on the key's version, else the one with the
+     * most on any version. nearest.parked is that key's count,
+     * nearest_version_parked its version's (every machine). Strings are
+     * valid until the engine next changes. */
+    int found;
+    pl_key_info nearest;
+    size_t nearest_version_parked;
+} pl_engine_near;
+
+/* Fills <out> for <key>, looking at no more than <max> keys of its
+ * deployment (its versions and machines). Costs a hash of the deployment
+ * and a walk of its keys: the engine keeps the keys of each deployment
+ * together, in an index changed only when a key gains its first waiter or
+ * loses its last, at no allocation and no hash of its own. */
+void pl_engine_nearest(const pl_engine *e, const pl_key *key, size_t max, pl_engine_near *out);
 
 /* Number of waiters parked under <key>. */
 size_t pl_engine_waiting(const pl_engine *e, const pl_key *key);

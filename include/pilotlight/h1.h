@@ -1,6 +1,7 @@
-/* h1.h -- one HTTP/1.x request parser: llhttp plus the limits and the few
- * headers pilotlight reads, with no sockets. A connection embeds one; the
- * fuzzers drive one directly. */
+/* h1.h -- HTTP/1.x messages with llhttp, within limits, with no sockets:
+ * one request at a time as a server reads it (a connection embeds one; the
+ * fuzzers drive one directly), and one response as a client reads it (a
+ * peer's answer to the key ring's check). */
 #ifndef PILOTLIGHT_H1_H
 #define PILOTLIGHT_H1_H
 
@@ -19,6 +20,7 @@ typedef enum {
     PL_HDR_MACHINE_CPU,       /* x-trigger-machine-cpu */
     PL_HDR_MACHINE_MEMORY,    /* x-trigger-machine-memory */
     PL_HDR_AUTHORIZATION,
+    PL_HDR_RING,              /* x-pl-ring: a ring member's view, on its check */
     PL_HDR_HOST,              /* read by the parser itself */
     PL_HDR_EXPECT,            /* read by the parser itself */
     PL_HDR_TRANSFER_ENCODING, /* read by the parser itself; lines joined */
@@ -95,5 +97,41 @@ void pl_h1_release(pl_h1 *h);
  * over to <out> (freed with pl_buf_free()); <h> keeps none. Returns 0, or
  * -ENOENT (nothing handed) when it is empty. */
 int pl_h1_take_arena(pl_h1 *h, pl_buf *out);
+
+/* ---- one response ---- */
+
+/* Longest value kept of the header a response reader asks for. */
+#define PL_H1_VALUE_MAX 128
+
+/* One HTTP/1.x response to a GET, as strict as the requests: a status of
+ * three digits, a Content-Length that fits (llhttp refuses the rest), at
+ * most max_bytes in all. Of its headers, the one named <want> is kept. */
+typedef struct {
+    llhttp_t parser;
+    uint32_t bytes, max_bytes;
+    const char *want;    /* a header name, lower case, or NULL */
+    uint8_t want_len, name_len, value_len;
+    unsigned status : 10;
+    unsigned complete : 1, keep_alive : 1, in_want : 1, has_value : 1, name_long : 1;
+    char name[40];
+    char value[PL_H1_VALUE_MAX];
+} pl_h1_response;
+
+/* Readies <r> for one response of at most <max_bytes> (head and body),
+ * keeping the value of the header named <want> (lower case; NULL for
+ * none; a name of 40 bytes at most). */
+void pl_h1_response_init(pl_h1_response *r, uint32_t max_bytes, const char *want);
+
+/* Reads <len> more bytes of the response. Returns 1 when it is complete:
+ * r->status, r->keep_alive (0 when the peer closes after it, or when more
+ * bytes came behind it than were asked for) and, when the header came,
+ * r->value (r->value_len bytes, not NUL-terminated; has_value set); 0 when
+ * more is to come; -EPROTO when the bytes are not a response within the
+ * bounds. */
+int pl_h1_response_execute(pl_h1_response *r, const char *data, size_t len);
+
+/* The peer closed before the response said where it ends: returns 1 when
+ * that end completes it (a body that runs to the close), else -EPROTO. */
+int pl_h1_response_eof(pl_h1_response *r);
 
 #endif

@@ -8,7 +8,7 @@
  * 2-byte length, a 1-byte type and its fields; every record of a type that
  * carries a socket has exactly one descriptor, in record order. Nothing is
  * trusted: lengths, counts and descriptors are checked before use.
- * docs/architecture.md describes each record's fields. */
+ * docs/handover.md describes each record's fields. */
 #ifndef PILOTLIGHT_HANDOVER_H
 #define PILOTLIGHT_HANDOVER_H
 

@@ -31,8 +31,11 @@ typedef struct {
 
 /* What happens to a connection that its owner hears of (pl_conn_owner). */
 enum {
-    PL_CONN_EV_ACKED = 1, /* its peer acknowledged every byte up to the mark
-                           * set by pl_conn_expect_ack(); once per mark */
+    PL_CONN_EV_ACKED = 1, /* its peer acknowledged the last byte written that
+                           * asked for a report (pl_conn_set_reports); once
+                           * per such write. Its <arg>: 1 when the report
+                           * came with bytes of a request (the peer's next
+                           * request carried the ACK), else 0 */
     PL_CONN_EV_DATA,      /* bytes arrived while it is held (kept, not read
                            * as a request until it is released) */
     PL_CONN_EV_END,       /* its peer ended it while it is held: see
@@ -44,8 +47,8 @@ enum {
 typedef struct {
     /* <c> is closing (its descriptor is still open); <obj> lets go of it. */
     void (*on_close)(void *obj, pl_conn *c);
-    /* PL_CONN_EV_* on <c>. Optional. */
-    void (*on_event)(void *obj, pl_conn *c, int ev);
+    /* PL_CONN_EV_* on <c>, with its argument (0 but for ACKED). Optional. */
+    void (*on_event)(void *obj, pl_conn *c, int ev, int arg);
     /* The transport's: where it keeps this kind (0 until first used). */
     unsigned slot;
 } pl_conn_owner;
@@ -152,6 +155,12 @@ int pl_conn_tcp_info(const pl_conn *c, pl_tcp_facts *t);
  * the connection is probed each second it is idle. */
 void pl_conn_probe(pl_conn *c);
 
+/* The request pending on <c> may wait long for its answer (a parked
+ * poll): at most one small request is kept behind it; if more comes, all
+ * of it is dropped, and <c> closes once the answer is sent, so what a
+ * client sends behind a parked poll costs nothing while it waits. */
+void pl_conn_park(pl_conn *c);
+
 /* Holds <c> open for its owner: requests arriving on it are kept, not
  * read (PL_CONN_EV_DATA), and an end from its peer neither closes it nor
  * settles anything (PL_CONN_EV_END); no timeout applies. Until
@@ -168,67 +177,42 @@ int pl_conn_ended(const pl_conn *c);
  * one before the loop gets to its EOF. */
 int pl_conn_peer_gone(const pl_conn *c);
 
-/* 1 when <c>'s peer is known to have ended or half-closed it (read, no
- * system call). */
-int pl_conn_peer_eof(const pl_conn *c);
-
-/* The most the bytes just read on <c> can have waited in the kernel before
- * they were read, in milliseconds: how long ago an earlier loop turn read
- * anything (a busy loop: about a turn; a quiet or stalled one: longer). */
-uint64_t pl_conn_read_delay_max(const pl_conn *c);
-
 /* The request pending on <c> outlives a half-close: should the peer's EOF
  * arrive first, reading stops, the answer (and any pipelined ones) is still
  * sent, then <c> closes. For the current request only: a parked poll's EOF
  * must still settle it as a disconnect. */
 void pl_conn_hold_on_eof(pl_conn *c);
 
-/* <on>: asks the kernel to report when <c>'s peer acknowledges bytes
- * written from now on (SO_TIMESTAMPING with TX_ACK; the reports are taken in
- * the read path). Once per connection: returns a negative errno on the call
- * the kernel refused (poll pl_conn_acknowledged() for it instead), else 0. Not <on>
- * (nobody waits for ACKs: delivery = written, say after a reload): its
- * writes ask for no reports; should they matter again, its next request
- * brings them, as for PL_CONN_ACK_NEXT_REQUEST. */
-int pl_conn_watch_acks(pl_conn *c, int on);
-
-/* How the application learns that <c>'s peer acknowledged its bytes. */
+/* The owner's switch for ACK reports on <c>, and its state. Set to
+ * PL_CONN_REPORTS_ON, each write that the socket takes whole asks the
+ * kernel to report when <c>'s peer has acknowledged its last byte, which
+ * comes as PL_CONN_EV_ACKED (SO_TIMESTAMPING with TX_ACK, set on the socket
+ * the first time); set to anything else (0-3, values of the owner's own),
+ * no write asks. The transport decides nothing about when to ask. */
 enum {
-    PL_CONN_ACK_REPORT,       /* PL_CONN_EV_ACKED comes */
-    PL_CONN_ACK_NEXT_REQUEST, /* its next request brings the ACK (it did
-                               * last time): no report; if the request is
-                               * late, ask pl_conn_acknowledged() */
-    PL_CONN_ACK_POLL,         /* no report: ask pl_conn_acknowledged() */
-    PL_CONN_ACK_REFUSED,      /* as POLL, and the kernel has just refused
-                               * the write's request for a report (told
-                               * once per connection) */
+    PL_CONN_REPORTS_ON = 1,
+    PL_CONN_REPORT_DUE = 4,      /* in pl_conn_reports(): the last byte
+                                  * written asked for a report not yet come */
+    PL_CONN_REPORTS_REFUSED = 8, /* the kernel refused reports on <c>: none
+                                  * comes (ask pl_conn_acknowledged()) */
 };
 
-/* Asks for PL_CONN_EV_ACKED once the peer has acknowledged every byte written
- * to <c> so far; replaces an earlier mark. Returns PL_CONN_ACK_REPORT, or
- * how else to learn of it: PL_CONN_ACK_NEXT_REQUEST when <c>'s last ACK
- * reported came with its next request (later writes ask for no report
- * until pl_conn_report_acks()), PL_CONN_ACK_POLL when <c> gets no reports,
- * its last byte went out unreported or nothing was written since reports
- * began, PL_CONN_ACK_REFUSED when the kernel refused the report a write
- * asked for (the connection gets none from then on). */
-int pl_conn_expect_ack(pl_conn *c);
+/* Sets the switch to <value>. Returns 0, or a negative errno when the
+ * kernel refuses reports on <c> (then none comes). */
+int pl_conn_set_reports(pl_conn *c, unsigned value);
 
-/* <c>'s ACK did not come with its next request in time: its writes ask for
- * ACK reports again. */
-void pl_conn_report_acks(pl_conn *c);
-
-/* <c>'s next write asks for no ACK report: the application will look for
- * the ACK itself (pl_conn_acknowledged). A report wakes the loop; a loop
- * woken often anyway looks for less. pl_conn_expect_ack() then answers
- * PL_CONN_ACK_POLL (or NEXT_REQUEST, as ever for a riding connection). */
-void pl_conn_skip_ack_report(pl_conn *c);
+/* The switch's value, with PL_CONN_REPORT_DUE and PL_CONN_REPORTS_REFUSED. */
+unsigned pl_conn_reports(const pl_conn *c);
 
 /* Turns on TCP keepalive and TCP_USER_TIMEOUT for <c> (once per connection;
  * later calls do nothing), so a peer that vanished without FIN or RST is
  * found while <c> waits. Zero values leave the system's defaults. */
 void pl_conn_detect_dead_peer(pl_conn *c, unsigned idle_s, unsigned interval_s,
                               unsigned count, unsigned user_timeout_ms);
+
+/* Fills <ss> with <c>'s peer address (one system call). Returns 0, or a
+ * negative errno. */
+int pl_conn_peer_address(const pl_conn *c, struct sockaddr_storage *ss);
 
 /* The <app> pointer of the server <c> belongs to. */
 void *pl_conn_app(const pl_conn *c);

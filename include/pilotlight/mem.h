@@ -20,4 +20,10 @@ void pl_mem_fail_after(unsigned long n, int sticky);
  * fail. For allocators built on this one (pool.h). */
 int pl_mem_should_fail(void);
 
+/* The <type> whose <member> <ptr> points to: how a callback given an
+ * embedded handle (a libuv handle, llhttp's parser) gets back to the
+ * object around it. */
+#define container_of(ptr, type, member) \
+    ((type *)(void *)((char *)(ptr) - offsetof(type, member)))
+
 #endif

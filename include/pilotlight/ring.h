@@ -44,6 +44,24 @@ int pl_ring_find(const pl_ring *r, const char *name, size_t len);
 /* Whether <a> and <b> have the same members. */
 int pl_ring_same(const pl_ring *a, const pl_ring *b);
 
+/* A fixed hash of <r>'s members (the same on every instance for the same
+ * members, 0 for none): how members compare their views in a word. */
+uint64_t pl_ring_digest(const pl_ring *r);
+
+/* A member's word on its view, as the X-PL-Ring header carries it: "<the
+ * view's digest, 16 lowercase hex digits> <name>" on a check, "<digest>
+ * <its wall clock, epoch ms> <name>" on an answer (with_clock). */
+typedef struct {
+    uint64_t digest;
+    uint64_t ms;      /* with_clock only */
+    char name[PL_RING_NAME_MAX];
+} pl_ring_view;
+
+/* Reads <v> (<len> bytes) as a view, strictly: fields one space apart,
+ * the clock 1 to 13 digits, the name 1 to PL_RING_NAME_MAX - 1 bytes of
+ * printable ASCII but the space. Returns 0, or -EINVAL. */
+int pl_ring_view_read(const char *v, size_t len, int with_clock, pl_ring_view *out);
+
 /* The fixed hash of a key (its canonical encoding), for pl_ring_owner. */
 uint64_t pl_ring_key_hash(const pl_key *k);
 

@@ -2,7 +2,15 @@
 #ifndef PILOTLIGHT_SERVER_H
 #define PILOTLIGHT_SERVER_H
 
+#include <signal.h>
+
 #include "pilotlight/config.h"
+
+/* Blocks (<how> SIG_BLOCK) or unblocks (SIG_UNBLOCK) the signals that act
+ * on a running server: SIGHUP, SIGUSR2, SIGTERM, SIGINT. Held from the
+ * process's start (main.c) until the loop's handlers exist, so that one
+ * sent meanwhile is delivered then, not acted on by its default. */
+void pl_server_hold_signals(int how);
 
 /* Serves <cfg> until SIGTERM or SIGINT has drained it. SIGHUP loads the
  * configuration again from <argc>/<argv> and <envp> (what <cfg> was loaded

@@ -17,6 +17,7 @@
 
 #include "pilotlight/broker.h"
 #include "pilotlight/http.h"
+#include "pilotlight/upgrade-t.h"
 
 typedef struct pl_upgrade pl_upgrade;
 

@@ -16,11 +16,11 @@ no error was logged, and it exits 0 with no sanitizer report (except one
 the test killed with SIGKILL). Timings are read from /metrics with bounds
 generous enough for valgrind; the measured ones are printed.
 """
-import ctypes
 import hashlib
 import hmac
 import json
 import os
+import re
 import select
 import signal
 import socket
@@ -33,7 +33,7 @@ import pytest
 
 from conftest import (BIN, IO_TIMEOUT, Conn, Server, assert_ledger, check_sanitizers,
                       json_lines, key_of, make_message, poll_headers, run_binary)
-from impair import show
+from impair import private_hosts, show
 from test_upgrade import logged, stalling_program, stop_adopted, wait_logged
 
 HOSTS = ["127.0.0.2", "127.0.0.3", "127.0.0.4"]
@@ -46,9 +46,10 @@ RING_FLAGS = ("--ring-check-ms", str(CHECK_MS), "--ring-check-timeout-ms", str(C
 JOIN_WINDOW_S = (2 * CHECK_MS + CHECK_TIMEOUT_MS) / 1000
 SETTLE_S = 20.0     # views of the ring agree well within this, valgrind included
 QUIET_S = 1.0       # no redirect for this long: every sweep that was due has run
-MALFORMED = "malformed pl_hop, pl_exp or pl_sig"
+MALFORMED = "malformed pl_hop, pl_exp, pl_nonce or pl_sig"
 TOKEN = "tok_ring_8f0c2a61d7"
-SIG_TTL_S = 30
+SIG_TTL_S = 10
+SKEW_S = 30
 
 
 # --------------------------------------------------------------------------
@@ -151,11 +152,13 @@ def answer(r):
     return r.json()["didWarmStart"]
 
 
-def signature(token, exp, path, body):
+def signature(token, exp, hops, member, nonce, path, body):
     """The redirect's signature as a peer computes it: HMAC-SHA256 under the
-    dispatch token of "<exp>\\n<path>\\n" and the body's SHA-256. Instances
-    of every version in a ring must agree on it, so it is pinned here."""
-    msg = f"{exp}\n{path}\n".encode() + hashlib.sha256(body).digest()
+    dispatch token of "pl2\\n<exp>\\n<hops>\\n<member>\\n<nonce>\\n<path>\\n"
+    and the body's SHA-256. Instances of every version in a ring must agree
+    on it, so it is pinned here."""
+    msg = f"pl2\n{exp}\n{hops}\n{member}\n{nonce}\n{path}\n".encode() + \
+        hashlib.sha256(body).digest()
     return hmac.new(token.encode(), msg, hashlib.sha256).hexdigest()
 
 
@@ -501,9 +504,14 @@ def test_redirected_dispatch_delivers_the_payload_byte_for_byte(ring):
 
 
 def test_signed_redirect_stands_in_for_the_bearer_token(ring):
-    r = ring(2, flags=("--dispatch-token", TOKEN))
+    """A dispatch with the bearer token at a member that does not own its key
+    is redirected with a signature that stands in for the token: for that
+    body, that hop, the member it names, a short while, once. Replayed,
+    presented elsewhere, changed or expired, it is refused 401 and delivers
+    nothing; as the redirecting client sends it, it works, once."""
+    r = ring(3, flags=("--dispatch-token", TOKEN))
     bearer = {"Authorization": f"Bearer {TOKEN}"}
-    a, b = r.servers
+    a, b, c = r.servers
     key = r.keys_owned("deployment_signed", [r.names[1]], bearer)[r.names[1]][0]
     p = Poller(r, key, "ctl_signed", b)
     b.wait_parked(1)
@@ -514,26 +522,33 @@ def test_signed_redirect_stands_in_for_the_bearer_token(ring):
     loc = Location(post(a.host, a.port, "/warm-start", body, bearer))
     t1 = int(time.time())
     q = loc.query
-    assert set(q) == {"pl_hop", "pl_exp", "pl_sig"} and q["pl_hop"] == "1", loc.url
-    exp = int(q["pl_exp"])
+    assert set(q) == {"pl_hop", "pl_exp", "pl_nonce", "pl_sig"} and q["pl_hop"] == "1", loc.url
+    assert loc.name == r.names[1], loc.url
+    exp, nonce = int(q["pl_exp"]), q["pl_nonce"]
     assert t0 + SIG_TTL_S <= exp <= t1 + SIG_TTL_S, (exp, t0, t1)
-    assert q["pl_sig"] == signature(TOKEN, exp, "/warm-start", body)
+    assert re.fullmatch(r"[0-9a-f]{32}", nonce), nonce
+    assert q["pl_sig"] == signature(TOKEN, exp, 1, r.names[1], nonce, "/warm-start", body)
 
-    def target(exp_s, sig):
-        return f"/warm-start?pl_hop=1&pl_exp={exp_s}&pl_sig={sig}"
+    def target(exp_s, sig, hop=1, n=nonce):
+        return f"/warm-start?pl_hop={hop}&pl_exp={exp_s}&pl_nonce={n}&pl_sig={sig}"
+
+    def sig_for(exp_s, hop=1, member=r.names[1], n=nonce, token=TOKEN, bd=body):
+        return signature(token, exp_s, hop, member, n, "/warm-start", bd)
     now = int(time.time())
     tampered = body.replace(b"run_signed", b"run_sigNed")
+    other = "f" * 32
     refused = [
         ("a tampered body", loc.target, tampered),
-        ("another token", target(exp, signature("tok_other", exp, "/warm-start", body)), body),
+        ("another token", target(exp, sig_for(exp, token="tok_other")), body),
         ("a changed pl_exp", target(exp + 1, q["pl_sig"]), body),
-        ("an expired signature", target(now - 2, signature(TOKEN, now - 2, "/warm-start", body)),
-         body),
-        ("a signature made to last", target(now + 600,
-                                            signature(TOKEN, now + 600, "/warm-start", body)),
-         body),
+        ("a changed pl_hop", target(exp, q["pl_sig"], hop=2), body),
+        ("a changed pl_nonce", target(exp, q["pl_sig"], n=other), body),
+        ("an expired signature", target(now - SKEW_S - 2, sig_for(now - SKEW_S - 2)), body),
+        ("a signature made to last",
+         target(now + 600, sig_for(now + 600)), body),
         ("no signature", "/warm-start?pl_hop=1", body),
-        ("no expiry", f"/warm-start?pl_hop=1&pl_sig={q['pl_sig']}", body),
+        ("no nonce", f"/warm-start?pl_hop=1&pl_exp={exp}&pl_sig={q['pl_sig']}", body),
+        ("no expiry", f"/warm-start?pl_hop=1&pl_nonce={nonce}&pl_sig={q['pl_sig']}", body),
     ]
     before = counters(b)
     for what, tgt, bd in refused:
@@ -541,15 +556,26 @@ def test_signed_redirect_stands_in_for_the_bearer_token(ring):
         assert resp.status == 401, (what, resp)
         assert resp.headers.get("www-authenticate") == "Bearer", (what, resp)
     # a signature is for the dispatch path only
-    sig = signature(TOKEN, exp, "/warm-start", b"")
-    c = r.conn(b.host, b.port)
-    c.request("GET", f"/debug/waiters?pl_hop=1&pl_exp={exp}&pl_sig={sig}")
-    assert c.read_response().status == 401
+    sig = signature(TOKEN, exp, 1, r.names[1], nonce, "/warm-start", b"")
+    cn = r.conn(b.host, b.port)
+    cn.request("GET", f"/debug/waiters?pl_hop=1&pl_exp={exp}&pl_nonce={nonce}&pl_sig={sig}")
+    assert cn.read_response().status == 401
+    # for b, it is nothing at c (which would otherwise sign it anew for b)
+    cb_ = counters(c)
+    resp = post(c.host, c.port, loc.target, body)
+    assert resp.status == 401, resp
+    assert counters(c) == cb_
     assert counters(b) == before
     assert not readable([p.conn], 0.1), "a refused dispatch reached the poll"
     # as a redirecting client sends it: no Authorization, the Location as given
     assert answer(post(loc.host, loc.port, loc.target, body)) is True
     assert p.take() == payload
+    # ... and once only: the same Location again delivers nothing
+    q2 = Poller(r, key, "ctl_signed_2", b)
+    b.wait_parked(1)
+    resp = post(loc.host, loc.port, loc.target, body)
+    assert resp.status == 401, resp
+    assert not readable([q2.conn], 0.2), "a replayed dispatch reached a poll"
     mb = b.metrics()
     assert mb.dispatched("hit") == 1 and mb.sum("pilotlight_dispatch_total") == 1
 
@@ -612,7 +638,8 @@ MALFORMED_QUERIES = [
     "pl_hop=3", "pl_hop=-1", "pl_hop=", "pl_hop", "pl_hop=1x", "pl_hop=+1", "pl_hop=0x1",
     "pl_hop=99999999999999999999", "pl_hop=1&pl_hop=7", "pl_exp=soon", "pl_exp=",
     "pl_exp=1e9", "pl_sig=abc", "pl_sig=" + "A" * 64, "pl_sig=" + "0" * 63 + "g",
-    "pl_sig=" + "0" * 65, "pl_hop=1&pl_exp=1&pl_sig=" + "f" * 63,
+    "pl_sig=" + "0" * 65, "pl_hop=1&pl_exp=1&pl_sig=" + "f" * 63, "pl_nonce=abc",
+    "pl_nonce=" + "0" * 31 + "G",
 ]
 
 
@@ -1015,65 +1042,84 @@ def hup_until(s, msg):
     return [x for x in s.log_lines() if x.get("msg") == msg][-1]
 
 
-KEPT = "ring settings cannot change live: kept (restart or upgrade to change them)"
-
-
-def test_reload_keeps_the_ring_settings(ring, tmp_path):
-    """SIGHUP with other ring settings in the file: a warning, the rest of
-    the file taken, the ring as it was. A third address answers /readyz
-    (a plain instance), so a ring that took the new list would count 3."""
-    conf = tmp_path / "ring.conf"
-    r = ring(2, start=[1])
-    third = name_of(HOSTS[2], r.port)
-    write_conf(conf, ring_peers=",".join(r.names), ring_self=r.names[0],
-               ring_check_ms=CHECK_MS, max_waiters=500)
-    a = r.start(0, args=["--listen", r.names[0], "--config", str(conf)])
-    wait_members(r.servers, 2)
-    r.extra.append(Server(["--listen", third], listen=False))
-    keys = [key_of(i, "deployment_hup") for i in range(12)]
-    owners = [r.owner(a, k) for k in keys]
-    changes = a.metrics().get("pilotlight_ring_changes_total")
-    write_conf(conf, ring_peers=",".join(r.names + [third]), ring_self=r.names[0],
-               ring_check_ms=1000, max_waiters=501)
-    hup_until(a, "reloaded")
-    warn = [x for x in a.log_lines() if x.get("msg") == KEPT]
-    assert len(warn) == 1 and warn[0]["level"] == "warn", a.stderr()[-3000:]
-    assert a.metrics().get("pilotlight_config_max_waiters") == 501  # the rest was taken
-    time.sleep(10 * CHECK_MS / 1000)  # checks still every CHECK_MS: the third is seen, or not
-    m = a.metrics()
-    assert m.get("pilotlight_ring_members") == 2
-    assert m.get("pilotlight_ring_changes_total") == changes
-    assert [r.owner(a, k) for k in keys] == owners
+def test_a_static_ring_grows_and_shrinks_by_reload(ring, tmp_path):
+    """A static list grown by SIGHUP, member by member: the newcomer and
+    the members that took the new list first disagree with the others for a
+    moment, and nothing is lost meanwhile: every poll is moved at most
+    twice, every run dispatched through any member reaches its poll. Then
+    shrunk the same way. A ring setting that does not load fails the reload
+    as a whole."""
+    r = ring(3, start=[])
+    confs = [tmp_path / f"ring{i}.conf" for i in range(3)]
+    two, three = ",".join(r.names[:2]), ",".join(r.names)
+    for i in range(3):
+        write_conf(confs[i], ring_peers=three if i == 2 else two, ring_self=r.names[i],
+                   ring_check_ms=CHECK_MS, ring_check_timeout_ms=CHECK_TIMEOUT_MS)
+    a, b = (r.start(i, args=["--listen", r.names[i], "--config", str(confs[i])])
+            for i in range(2))
+    wait_members([a, b], 2)
+    pollers = [Poller(r, key_of(i, "deployment_grow"), f"ctl_grow_{i}", (a, b)[i % 2])
+               for i in range(24)]
+    settle(pollers)
+    c = r.start(2, args=["--listen", r.names[2], "--config", str(confs[2])])
+    for i, s in ((0, a), (1, b)):
+        write_conf(confs[i], ring_peers=three, ring_self=r.names[i], ring_check_ms=CHECK_MS,
+                   ring_check_timeout_ms=CHECK_TIMEOUT_MS)
+        hup_until(s, "reloaded")
+    wait_members([a, b, c], 3)
+    settle(pollers)
+    assert all(len(p.followed) <= 3 for p in pollers), [len(p.followed) for p in pollers]
+    moved = sum(s.metrics().settled("moved") for s in (a, b, c))
+    assert moved > 0 and c.metrics().parked_now > 0
+    # every poll is where a dispatch through a member finds it
+    deliver_each(pollers, a)
+    # ... and shrunk: c leaves the lists, then goes
+    for i, s in ((0, a), (1, b)):
+        write_conf(confs[i], ring_peers=two, ring_self=r.names[i], ring_check_ms=CHECK_MS,
+                   ring_check_timeout_ms=CHECK_TIMEOUT_MS)
+        hup_until(s, "reloaded")
+    wait_members([a, b], 2)
     # a ring setting that does not load fails the reload as a whole
-    write_conf(conf, ring_peers=",".join(r.names), ring_self=third, max_waiters=502)
+    write_conf(confs[0], ring_peers=two, ring_self=r.names[2], max_waiters=502)
     rec = hup_until(a, "reload failed: configuration unchanged")
     assert "must be one of ring_peers" in rec["error"], rec
     r.allowed[a] = {"reload failed: configuration unchanged"}
     m = a.metrics()
-    assert m.get("pilotlight_config_max_waiters") == 501
+    assert m.get("pilotlight_config_max_waiters") != 502
     assert m.get("pilotlight_ring_members") == 2
-    assert [r.owner(a, k) for k in keys] == owners
+
+
+def test_views_that_never_agree_bounce_nothing(ring):
+    """Two member lists (a counts b and c, b and c count only each other):
+    views that never agree. No poll is redirected more than twice, and each
+    ends up parked somewhere that serves it."""
+    r = ring(3, start=[])
+    names = r.names
+    a = r.start(0)
+    b = r.start(1, args=["--listen", names[1], "--ring-peers", ",".join(names[1:]),
+                         "--ring-self", names[1], *RING_FLAGS])
+    c = r.start(2, args=["--listen", names[2], "--ring-peers", ",".join(names[1:]),
+                         "--ring-self", names[2], *RING_FLAGS])
+    wait_members([a], 3)
+    wait_members([b, c], 2)
+    pollers = [Poller(r, key_of(i, "deployment_split"), f"ctl_split_{i}", (a, b, c)[i % 3])
+               for i in range(30)]
+    deadline = time.monotonic() + 10 * CHECK_MS / 1000 + 2
+    while time.monotonic() < deadline:
+        ready = readable([p.conn for p in pollers], 0.05)
+        for p in pollers:
+            if p.conn in ready:
+                p.follow()
+    assert max(len(p.followed) for p in pollers) <= 2, [len(p.followed) for p in pollers]
+    assert a.metrics().get("pilotlight_ring_agreed") == 0
+    assert sum(s.metrics().parked_now for s in (a, b, c)) == len(pollers)
 
 
 # --------------------------------------------------------------------------
 # ring_dns
 # --------------------------------------------------------------------------
 
-CLONE_NEWNS = 0x00020000
-MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
 HOSTS_FILE = "127.0.0.1 localhost\n::1 localhost\n"
-
-
-def private_hosts(path):
-    """A preexec_fn: the child sees <path> as /etc/hosts (its own mount
-    namespace), so that localhost names both loopback addresses."""
-    def setup():
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.unshare(CLONE_NEWNS) != 0 or \
-                libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0 or \
-                libc.mount(str(path).encode(), b"/etc/hosts", None, MS_BIND, None) != 0:
-            raise OSError(ctypes.get_errno(), "private /etc/hosts")
-    return setup
 
 
 def localhost_addresses(preexec=None):
@@ -1082,6 +1128,54 @@ def localhost_addresses(preexec=None):
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        preexec_fn=preexec, timeout=30)
     return set(p.stdout.split()) if p.returncode == 0 else set()
+
+
+def members_hosts(path, addrs):
+    path.write_text(HOSTS_FILE + "".join(f"{a} ringmembers\n" for a in addrs))
+
+
+def test_a_member_joining_by_dns_is_seen_by_all_within_a_check(tmp_path, request):
+    """ring_dns looked up once a minute: a new member is in the name's
+    answer for everyone, but only the newcomer looks at once. Its checks
+    show the others a view other than theirs, so they look up the name at
+    once too: all count it, and agree, within a few check periods, not a
+    minute."""
+    hosts = [tmp_path / f"hosts{i}" for i in range(3)]
+    try:
+        members_hosts(hosts[0], HOSTS[:2])
+        code = "import socket;socket.getaddrinfo('ringmembers', 0)"
+        ok = subprocess.run([sys.executable, "-c", code], preexec_fn=private_hosts(hosts[0]),
+                            timeout=30, capture_output=True).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        ok = False
+    if not ok:
+        pytest.skip("a private /etc/hosts (a mount namespace, root) is not available")
+    r = Ring(3)
+    try:
+        def start(i):
+            return r.start(i, args=["--listen", r.names[i], "--ring-dns",
+                                    f"ringmembers:{r.port}", *RING_FLAGS,
+                                    "--ring-resolve-ms", "60000"],
+                           preexec_fn=private_hosts(hosts[i]))
+        for i in range(2):
+            members_hosts(hosts[i], HOSTS[:2])
+        a, b = start(0), start(1)
+        wait_members([a, b], 2)
+        # the name now has three addresses, for everyone; a and b would
+        # not look again for a minute
+        for i in range(3):
+            members_hosts(hosts[i], HOSTS[:3])
+        t0 = time.monotonic()
+        c = start(2)
+        took = wait_members([a, b, c], 3, timeout=20)
+        for s in (a, b, c):
+            s.wait_metrics(lambda m: m.get("pilotlight_ring_agreed") == 1, SETTLE_S,
+                           "the views to agree")
+        show(request, f"join by DNS looked up once a minute: all three count it "
+                      f"{time.monotonic() - t0:.2f} s after it started ({took:.2f} s)")
+        assert took < 10, took  # a look-up a minute would take 60 s
+    finally:
+        r.teardown()
 
 
 def test_ring_dns_finds_each_instance_by_its_own_address(tmp_path, request):

@@ -5,7 +5,7 @@ controllers see nothing. A new binary that fails leaves the old one serving.
 The new process is the old one's child; once the old exits it is re-parented
 to this test process (made a child subreaper), so its exit status is read
 here. The program started is always given as --upgrade-binary PILOTLIGHT_BIN,
-so under tests/valgrind-wrap.sh the new process runs under valgrind too."""
+so under tests/harness/valgrind-wrap.sh the new process runs under valgrind too."""
 
 import json
 import os

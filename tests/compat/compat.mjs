@@ -28,10 +28,14 @@ for (const k of ["log", "info", "debug", "warn"]) console[k] = console.error;
 const realFetch = globalThis.fetch;
 /** Last raw long-poll response seen per controller id: {status, contentType, text}. */
 const polled = new Map();
+/** Called with (controller id, time) as each long poll starts (case expiring). */
+let onPollStart = null;
 
 // Observe (never alter) the client's long-poll responses, so the raw JSON the
 // server sent can be compared with what was dispatched.
 globalThis.fetch = async (input, init) => {
+  const pid = init?.headers?.["x-trigger-workload-controller-id"];
+  if (pid && onPollStart) onPollStart(pid, performance.now());
   const res = await realFetch(input, init);
   const id = init?.headers?.["x-trigger-workload-controller-id"];
   if (id) {
@@ -153,6 +157,10 @@ function makeJob(example, machine, friendlyId = (tag) => `deployment_compat${tag
   // The supervisor holds a parsed DequeuedMessage; validate as it would.
   const parsed = DequeuedMessage.safeParse(msg);
   check(parsed.success, "example message fails DequeuedMessage", parsed.error?.issues);
+  // Every field of the example is one the client's schema knows (an
+  // unknown one would be stripped), so the pass-through covers them all.
+  check(isDeepStrictEqual(JSON.parse(JSON.stringify(parsed.data)), msg),
+    "DequeuedMessage drops or changes a field of the example", JSON.stringify(parsed.data));
   return {
     deploymentId: msg.deployment.friendlyId,
     version: msg.backgroundWorker.version,
@@ -313,14 +321,121 @@ async function caseRepoll(base, example) {
   return { controllerId: ctl.controllerId, polls };
 }
 
-const CASES = { match: caseMatch, dotted: caseDotted, abort: caseAbort, repoll: caseRepoll };
+/**
+ * warm_starts = off by SIGHUP, with the server's configuration file and pid
+ * in PL_COMPAT_CONF and PL_COMPAT_PID (not among the cases run by default).
+ * The run controller's own rules, from its waitForNextRun(): a warmStart()
+ * that comes back without a run ends the process; so does a /connect
+ * answering 0 for either value. Both must happen, and on again serves.
+ */
+async function caseOff(base, example) {
+  const conf = process.env.PL_COMPAT_CONF, pid = Number(process.env.PL_COMPAT_PID);
+  check(conf && pid > 0, "case off needs PL_COMPAT_CONF and PL_COMPAT_PID");
+  const setOff = async (off) => {
+    fs.writeFileSync(conf, `warm_starts = ${off ? "off" : "on"}\n`);
+    process.kill(pid, "SIGHUP");
+    const want = (d) => (off ? d.connectionTimeoutMs === 0 : d.connectionTimeoutMs > 0);
+    const deadline = Date.now() + STEP_TIMEOUT_MS;
+    for (;;) {
+      const c = await ctlFor(base, example).client.connect();
+      if (c.success && want(c.data)) return c.data;
+      check(Date.now() < deadline, "reload not taken up", c);
+      await sleep(20);
+    }
+  };
+  const job = makeJob(example, { name: "small-1x", cpu: 0.5, memory: 0.5 });
+  const ctl = makeController(base, job);
+  const poll = connectAndPoll(ctl);
+  await waitMetrics(base, (s) => s.parkedNow === 1, "pilotlight_parked_now 1");
+  const t0 = Date.now();
+  const offConnect = await setOff(true);
+  const settled = await within(poll, STEP_TIMEOUT_MS, "warmStart() after warm_starts = off");
+  const leftMs = Date.now() - t0;
+  check(!settled.error && settled.value === null, "a parked warmStart() should come back with no run", settled);
+  // ... because its poll was answered (not timed out by the client)
+  check(polled.get(ctl.controllerId)?.status === 503, "the parked poll's answer", polled.get(ctl.controllerId));
+  check(!offConnect.connectionTimeoutMs || !offConnect.keepaliveMs,
+    "/connect should make the controller exit (0 for a value)", offConnect);
+  const d = await dispatch(base, job.message);
+  check(d.status === 200 && isDeepStrictEqual(d.body, { didWarmStart: false }), "dispatch while off", d);
+  await setOff(false);
+  const again = await matchOnce(base, makeJob(example, { name: "small-2x", cpu: 1, memory: 1 }));
+  return { leftMs, offConnect, again: again.config };
+}
+
+function ctlFor(base, example) {
+  return makeController(base, makeJob(example, { name: "micro", cpu: 0.25, memory: 0.25 }));
+}
+
+/**
+ * Runs dispatched into the last milliseconds of a poll, where the client is
+ * about to abort it at connectionTimeoutMs (its own timer, from the moment
+ * it calls fetch): for each poll the client starts, one dispatch at
+ * <start + connectionTimeoutMs - d> for d from 16 ms down to 0. Every run
+ * answered true must be one the client returns; the broker passes over the
+ * polls too near their end (pilotlight_expiring_passed_total), so some of
+ * those runs are answered false instead. Not among the default cases: the
+ * server's connection_timeout_ms must be short (a second or two).
+ */
+async function caseExpiring(base, example) {
+  const offsets = [16, 12, 8, 4, 2, 0];
+  const rounds = 2;
+  const job = makeJob(example, { name: "small-1x", cpu: 0.5, memory: 0.5 });
+  const ctl = makeController(base, job);
+  const connect = await within(ctl.client.connect(), STEP_TIMEOUT_MS, "connect()");
+  check(connect.success, "connect() failed", connect);
+  const T = connect.data.connectionTimeoutMs, keepaliveMs = connect.data.keepaliveMs;
+  check(T > 0 && T <= 3000, "case expiring needs a connectionTimeoutMs of 3 s at most", connect.data);
+  const sent = []; // {runId, d, answer}
+  const received = new Set();
+  let next = 0, poll = null;
+  const startPoll = () => {
+    poll = ctl.client.warmStart({ workerInstanceName: ctl.workerInstanceName, connectionTimeoutMs: T,
+      keepaliveMs }).then((run) => { if (run) received.add(run.run.friendlyId); startPoll(); },
+      () => startPoll());
+  };
+  const inFlight = [];
+  onPollStart = (id, t) => {
+    if (id !== ctl.controllerId || next >= offsets.length * rounds) return;
+    const d = offsets[next % offsets.length], n = next++;
+    const msg = structuredClone(job.message);
+    msg.run.id = `${job.message.run.id}e${n}`;
+    msg.run.friendlyId = `${job.message.run.friendlyId}e${n}`;
+    const wait = t + T - d - performance.now();
+    inFlight.push(new Promise((resolve) => setTimeout(async () => {
+      const a = await dispatch(base, msg);
+      sent.push({ runId: msg.run.friendlyId, d, answer: a.body?.didWarmStart });
+      resolve();
+    }, Math.max(0, wait))));
+  };
+  startPoll();
+  const deadline = Date.now() + (offsets.length * rounds + 4) * (T + 200) + 10_000;
+  while (next < offsets.length * rounds && Date.now() < deadline) await sleep(20);
+  await Promise.all(inFlight);
+  await sleep(T + 300); // a last poll's run, if any, reaches the client
+  onPollStart = null;
+  ctl.client.abort();
+  const trueNotReceived = sent.filter((s) => s.answer === true && !received.has(s.runId));
+  check(trueNotReceived.length === 0, "true for runs the client never returned", trueNotReceived);
+  check(sent.length === offsets.length * rounds, "a dispatch per poll", { sent: sent.length });
+  return {
+    dispatched: sent.length,
+    trueAnswers: sent.filter((s) => s.answer === true).length,
+    received: received.size,
+    byOffset: Object.fromEntries(offsets.map((d) => [d, sent.filter((s) => s.d === d && s.answer).length])),
+  };
+}
+
+const CASES = { match: caseMatch, dotted: caseDotted, abort: caseAbort, repoll: caseRepoll, off: caseOff,
+  expiring: caseExpiring };
+const BY_DEFAULT = ["match", "dotted", "abort", "repoll"];
 
 async function main() {
   const args = process.argv.slice(2);
   const base = args.find((a) => !a.startsWith("--"));
   const chosen = [];
   for (let i = 0; i < args.length; i++) if (args[i] === "--case") chosen.push(args[++i]);
-  const names = chosen.length ? chosen : Object.keys(CASES);
+  const names = chosen.length ? chosen : BY_DEFAULT;
   const result = { ok: false, package: `@trigger.dev/core@${packageVersion()}`, node: process.version, cases: {} };
   const hard = setTimeout(() => {
     result.error = `hard timeout ${HARD_TIMEOUT_MS} ms`;

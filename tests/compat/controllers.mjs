@@ -1,6 +1,6 @@
 // controllers.mjs -- many idle run controllers in one process, each
 // Trigger.dev's real WarmStartClient, for the impaired-network tests
-// (tests/impair.py).
+// (tests/harness/impair.py).
 //
 // Usage: node controllers.mjs SPEC_JSON
 //   SPEC: {"url": BASE_URL, "controllers": [{"id", "key": [deployment,

@@ -261,7 +261,9 @@ static int deliver(const pl_message *m)
     S.op = OP_DELIVER;
     {
         pl_delivery d = {.payload = m};
-        rc = pl_engine_deliver(S.engine, &m->key, S.now, &d);
+        pl_engine_spot spot;
+        pl_engine_find(S.engine, &m->key, &spot);
+        rc = pl_engine_deliver(S.engine, &spot, S.now, &d);
         if (rc == PL_DELIVERED || rc == PL_DELIVERY_PENDING) {
             waited = d.waited_ms;
             CHECK(d.owner == S.taken || !S.confirm);
@@ -367,6 +369,7 @@ static void handle_park(const pl_request *req, uint8_t refuse_mask, uint8_t unac
     char msg[96];
     const char *err = "unset";
     pl_waiter *w = NULL;
+    pl_engine_spot spot;
     owner *o, *old = NULL;
     uint64_t parked = S.parked_now;
     uint32_t on_key = 0;
@@ -435,7 +438,8 @@ static void handle_park(const pl_request *req, uint8_t refuse_mask, uint8_t unac
     S.op = OP_PARK;
     S.parking = o;
     S.callbacks = 0;
-    rc = pl_engine_park(S.engine, &key, req->header[PL_HDR_CONTROLLER_ID],
+    pl_engine_find(S.engine, &key, &spot);
+    rc = pl_engine_park(S.engine, &spot, req->header[PL_HDR_CONTROLLER_ID],
                         req->header_len[PL_HDR_CONTROLLER_ID], o, S.now, &w);
     S.op = OP_NONE;
     TRACE("  park owner %zu: %d\n", S.nowners - 1, rc);

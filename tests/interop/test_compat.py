@@ -74,12 +74,13 @@ class Server:
         return code
 
 
-def _run_client(node, port, cases=()):
+def _run_client(node, port, cases=(), env=None):
     """Runs compat.mjs against 127.0.0.1:<port> (every case, or <cases>);
     returns the process and its last JSON line ({} without one)."""
     proc = subprocess.run([node, str(COMPAT / "compat.mjs"), f"http://127.0.0.1:{port}"]
                           + [a for c in cases for a in ("--case", c)],
-                          capture_output=True, text=True, timeout=90)
+                          capture_output=True, text=True, timeout=90,
+                          env={**os.environ, **(env or {})})
     lines = proc.stdout.strip().splitlines()
     return proc, json.loads(lines[-1]) if lines else {}
 
@@ -136,5 +137,65 @@ def test_trigger_dev_warm_start_client_through_haproxy(tmp_path):
         assert any(key.startswith(dotted + " ") for key, _ in proxy.routing_keys()), detail
     finally:
         proxy.stop()
+        code = server.stop()
+    assert code == 0, server.stderr()[-3000:]
+
+
+def test_trigger_dev_client_leaves_when_warm_starts_go_off(tmp_path):
+    """warm_starts = off by SIGHUP, with the real client: its parked
+    warmStart() comes back with no run (the run controller then exits),
+    /connect answers 0 (so would every controller finishing a run), a
+    dispatch is false; on again, a new controller gets its run."""
+    node = shutil.which("node")
+    if node is None or shutil.which("npm") is None:
+        pytest.skip("node/npm are not installed: the compat test needs them")
+    _ensure_node_modules()
+    conf = tmp_path / "pilotlight.conf"
+    conf.write_text("warm_starts = on\n")
+    server = Server("--config", str(conf), "--connection-timeout-ms", "20000",
+                    "--keepalive-ms", "60000")
+    try:
+        port = server.address.rsplit(":", 1)[1]
+        proc, result = _run_client(node, port, ["off"],
+                                   env={"PL_COMPAT_CONF": str(conf),
+                                        "PL_COMPAT_PID": str(server.proc.pid)})
+        detail = (f"result: {json.dumps(result, indent=1)}\nclient stderr (tail):\n"
+                  f"{proc.stderr[-3000:]}\nserver stderr (tail):\n{server.stderr()[-3000:]}")
+        assert proc.returncode == 0 and result.get("ok") is True, detail
+        off = result["cases"]["off"]
+        print(f"warm_starts = off: the parked client had its answer {off['leftMs']} ms "
+              "after SIGHUP")
+        assert off["offConnect"] == {"connectionTimeoutMs": 0, "keepaliveMs": 0}, detail
+    finally:
+        code = server.stop()
+    assert code == 0, server.stderr()[-3000:]
+
+
+def test_no_true_for_a_run_the_client_is_about_to_abandon():
+    """The real client aborts each poll at connectionTimeoutMs (1 s here,
+    its own timer) and polls again; a run dispatched into the last
+    milliseconds of a poll must not be answered true unless that client
+    returns it. pilotlight passes over the polls too near their end."""
+    node = shutil.which("node")
+    if node is None or shutil.which("npm") is None:
+        pytest.skip("node/npm are not installed: the compat test needs them")
+    _ensure_node_modules()
+    server = Server("--connection-timeout-ms", "1000", "--keepalive-ms", "120000")
+    try:
+        port = server.address.rsplit(":", 1)[1]
+        proc, result = _run_client(node, port, ["expiring"])
+        detail = (f"result: {json.dumps(result, indent=1)}\nclient stderr (tail):\n"
+                  f"{proc.stderr[-3000:]}\nserver stderr (tail):\n{server.stderr()[-3000:]}")
+        assert proc.returncode == 0 and result.get("ok") is True, detail
+        exp = result["cases"]["expiring"]
+        print(f"expiring: {exp}")
+        import urllib.request
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        passed = next(float(ln.split()[1]) for ln in text.splitlines()
+                      if ln.startswith("pilotlight_expiring_passed_total "))
+        # the window was hit: some polls were passed over, and some runs
+        # still went through (offered early enough)
+        assert passed > 0 and exp["trueAnswers"] > 0, (passed, detail)
+    finally:
         code = server.stop()
     assert code == 0, server.stderr()[-3000:]

@@ -3,8 +3,8 @@ config` (Debian's docker-compose) over deploy/compose/test/supervisor-standin.ym
 a stand-in for the supervisor service of Trigger.dev's Docker Compose
 self-hosting. What must hold in the merged result: pilotlight on a network
 the run containers join, a health check on /healthz, the supervisor's
-environment pointing at it (its own settings kept), and an environment the
-pilotlight binary accepts (--check-config). With docker-compose.ring.yml
+environment pointing at it (its own settings kept), one token secret for
+both, and an environment the pilotlight binary accepts (--check-config). With docker-compose.ring.yml
 merged last as well: several replicas whose ring_dns names an alias they
 all carry on one network, which the run containers and the supervisor both
 join, at the port they listen on. No container is started.
@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from conftest import REPO_ROOT, run_binary
+from manifests import binary_lacks_newer_settings
 
 COMPOSE_DIR = REPO_ROOT / "deploy" / "compose"
 STANDIN = COMPOSE_DIR / "test" / "supervisor-standin.yml"
@@ -82,6 +83,10 @@ def check_merged(cfg):
     durl = urlsplit(sup["environment"]["TRIGGER_WARM_START_DISPATCH_URL"])
     assert any(durl.hostname in names_on(pl, n) for n in networks_of(sup)), durl
 
+    # The supervisor's own backstop: a run no controller acted on after a
+    # warm start is cold-started.
+    assert sup["environment"]["TRIGGER_WARM_START_VERIFY_ENABLED"] == "true"
+
     # A health check on /healthz of the controllers' port.
     hc = pl["healthcheck"]
     assert any(f":{listen_port}/healthz" in str(t) for t in hc["test"]), hc
@@ -119,6 +124,38 @@ def test_split_dispatch_listener():
     # A name, resolved when pilotlight starts: --check-config stays offline.
     got = check_config_accepts(pl["environment"])
     assert got["dispatch_listen"] == "pilotlight-dispatch:8081"
+
+
+def test_tokens_one_secret_for_both_sides():
+    """WORKLOAD_TOKEN_SECRET in .env is the supervisor's signing secret and
+    pilotlight's verifying one; off on both sides unless asked for."""
+    pl, sup, _, _ = check_merged(merged())
+    assert sup["environment"]["WORKLOAD_TOKEN_ENFORCEMENT"] == "disabled"
+    assert check_config_accepts(pl["environment"])["token_mode"] == "disabled"
+    secret = "a-shared-workload-token-secret"
+    pl, sup, _, _ = check_merged(merged(WORKLOAD_TOKEN_ENFORCEMENT="log", PILOTLIGHT_TOKEN_MODE="log",
+                                        WORKLOAD_TOKEN_SECRET=secret))
+    assert sup["environment"]["WORKLOAD_TOKEN_ENFORCEMENT"] == "log"
+    assert sup["environment"]["WORKLOAD_TOKEN_SECRET"] == secret
+    assert pl["environment"]["PILOTLIGHT_TOKEN_SECRET"] == secret
+    got = check_config_accepts(pl["environment"])
+    assert got["token_mode"] == "log" and got["token_secret"] == "(set)"
+    # Verifying without the secret is refused at start, not run quietly.
+    pl, _, _, _ = check_merged(merged(PILOTLIGHT_TOKEN_MODE="enforce"))
+    rc, _, err = run_binary("--check-config",
+                            env={k: str(v) for k, v in pl["environment"].items()})
+    assert rc == 2 and "token" in err, err
+
+
+def test_dispatch_allow_from_the_environment():
+    pl, _, _, _ = check_merged(merged())
+    assert pl["environment"]["PILOTLIGHT_DISPATCH_ALLOW"] == ""
+    pl, _, _, _ = check_merged(merged(PILOTLIGHT_DISPATCH_ALLOW="172.20.0.5,fd00::5"))
+    assert pl["environment"]["PILOTLIGHT_DISPATCH_ALLOW"] == "172.20.0.5,fd00::5"
+    if "dispatch_allow" in binary_lacks_newer_settings():
+        pytest.skip("this pilotlight has no dispatch_allow yet (an unknown PILOTLIGHT_* "
+                    "variable is ignored): checked by a binary that has it")
+    assert check_config_accepts(pl["environment"])["dispatch_allow"] == "172.20.0.5,fd00::5"
 
 
 def check_ring(cfg):

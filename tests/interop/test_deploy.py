@@ -1,15 +1,15 @@
-"""The deployment files agree with the binary: the Kubernetes manifests pass
-yamllint and use the binary's default port, its health/readiness/metrics
-paths and a config file it accepts; their key ring is wired together (the
-name the pods resolve is their headless Service, at the port they listen
-on, and a pod started with that config finds itself in it); the Dockerfile
-exposes and probes the same; the systemd unit passes `systemd-analyze
-verify`.
+"""The deployment files agree with the binary: the Kubernetes manifests
+(deploy/kubernetes, rendered from the chart in deploy/helm: test_helm.py
+checks they are its output today) pass yamllint and use the binary's
+default port, its health/readiness/metrics paths and a config file it
+accepts; their key ring is wired together (the name the pods resolve is
+their headless Service, at the port they listen on, and a pod started with
+that config finds itself in it); the Dockerfile exposes and probes the
+same; the systemd unit passes `systemd-analyze verify`.
 
 Tools come from deploy/install-deps.sh --test (yamllint, python3-yaml,
-systemd-analyze); a test whose tool is missing skips and says which
-(kubectl, for `kubectl kustomize`, is not installed there: that test skips
-without it).
+systemd-analyze, and kubectl for `kubectl kustomize`); a test whose tool is
+missing skips and says which.
 """
 
 import os
@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from conftest import EXAMPLE, assert_ledger, dispatch_raw, free_port, get, run_binary, scrape
+from manifests import config_lines, expand, need_tool, runnable_config
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = REPO_ROOT / "deploy"
@@ -30,6 +31,9 @@ DOCKERFILE = REPO_ROOT / "Dockerfile"
 UNIT = DEPLOY / "systemd" / "pilotlight.service"
 HAPROXY_CFG = DEPLOY / "haproxy" / "haproxy.cfg"
 INSTALL_DEPS = "deploy/install-deps.sh --test"
+# Helm writes a nested list unindented under its key (`drop:` then `- ALL`);
+# everything else is yamllint's default.
+RENDERED_YAMLLINT = "{extends: default, rules: {indentation: {indent-sequences: whatever}}}"
 
 
 def need_yaml():
@@ -86,15 +90,6 @@ def env_of(c):
     return [(e["name"], e.get("value", e.get("valueFrom"))) for e in c.get("env", [])]
 
 
-def expand(value, env):
-    """A container env value with its $(NAME) references to the variables
-    defined before it replaced, as the kubelet does; fails on any other."""
-    def ref(m):
-        assert m.group(1) in env, f"$({m.group(1)}) is not defined before it is used"
-        return env[m.group(1)]
-    return re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", ref, value)
-
-
 def headless():
     (s,) = [s for s in manifests()["Service"] if s["spec"].get("clusterIP") == "None"]
     return s
@@ -103,16 +98,6 @@ def headless():
 def configmap_file():
     (data,) = one("ConfigMap")["data"].values()
     return data
-
-
-def config_lines(text):
-    out = {}
-    for ln in text.splitlines():
-        ln = ln.split("#", 1)[0].strip()
-        if ln:
-            k, v = (s.strip() for s in ln.split("=", 1))
-            out[k] = v
-    return out
 
 
 def dockerfile_final_stage():
@@ -131,7 +116,7 @@ def test_manifests_pass_yamllint():
     exe = shutil.which("yamllint")
     if exe is None:
         pytest.skip(f"yamllint is not installed ({INSTALL_DEPS})")
-    r = subprocess.run([exe, "--strict", "-f", "parsable", str(K8S)],
+    r = subprocess.run([exe, "--strict", "-d", RENDERED_YAMLLINT, "-f", "parsable", str(K8S)],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
 
@@ -181,8 +166,7 @@ def listeners(server):
 
 
 def test_paths_answer_on_the_listeners_the_manifests_use(start_server, tmp_path):
-    f = tmp_path / "pilotlight.conf"
-    f.write_text(configmap_file())
+    f, _ = runnable_config(configmap_file(), tmp_path)
     # (No drain delay here: it would only slow the teardown.)
     s = start_server("--config", str(f), "--dispatch-listen", "127.0.0.1:0",
                      "--drain-delay-ms", "0")
@@ -207,15 +191,16 @@ def test_paths_answer_on_the_listeners_the_manifests_use(start_server, tmp_path)
 
 
 def test_configmap_config_is_accepted_by_the_binary(tmp_path):
-    text = configmap_file()
-    f = tmp_path / "pilotlight.conf"
-    f.write_text(text)
+    f, lines = runnable_config(configmap_file(), tmp_path)
     rc, out, err = run_binary("--check-config", "--config", str(f))
     assert rc == 0, err
     effective = config_lines(out)
-    for k, v in config_lines(text).items():
+    for k, v in lines.items():
         if k == "park_timeout_ms" and v == "0":
             continue  # printed as the value it stands for
+        if k == "token_secret_file":
+            assert effective["token_secret"] == "(set)"
+            continue
         assert effective[k] == v, f"{k}: file {v!r}, effective {effective[k]!r}"
 
 
@@ -233,8 +218,9 @@ def test_deployment_is_locked_down_and_mounts_its_config():
     assert c["resources"]["requests"]["cpu"] and c["resources"]["requests"]["memory"]
     assert c["resources"]["limits"]["memory"]
     env = dict(env_of(c))
-    (mount,) = c["volumeMounts"]
-    (vol,) = [v for v in spec["volumes"] if v["name"] == mount["name"]]
+    (vol,) = [v for v in spec["volumes"] if "configMap" in v]
+    (mount,) = [m for m in c["volumeMounts"] if m["name"] == vol["name"]]
+    assert mount["readOnly"] is True
     assert vol["configMap"]["name"] == one("ConfigMap")["metadata"]["name"]
     cfg_path = Path(env["PILOTLIGHT_CONFIG"])
     assert str(cfg_path.parent) == mount["mountPath"]
@@ -297,8 +283,7 @@ def test_ring_peers_ask_the_readiness_path_on_the_ring_port():
 
 
 def test_configmap_and_ring_env_are_accepted_by_the_binary(tmp_path):
-    f = tmp_path / "pilotlight.conf"
-    f.write_text(configmap_file())
+    f, _ = runnable_config(configmap_file(), tmp_path)
     env = dict(env_of(container()))
     ring_dns = expand(env["PILOTLIGHT_RING_DNS"], {"POD_NAMESPACE": "default"})
     rc, out, err = run_binary("--check-config", "--config", str(f),
@@ -314,8 +299,7 @@ def test_a_pod_with_the_manifest_config_finds_itself_in_the_ring(start_server, t
     pod finds its own address in the headless Service, and serves every
     key as a ring of one; on SIGTERM it leaves the ring while it still
     answers."""
-    f = tmp_path / "pilotlight.conf"
-    f.write_text(configmap_file())
+    f, _ = runnable_config(configmap_file(), tmp_path)
     port = free_port()
     s = start_server("--config", str(f), "--listen", f"127.0.0.1:{port}",
                      "--dispatch-listen", "127.0.0.1:0", "--drain-delay-ms", "1000",
@@ -343,9 +327,7 @@ def test_a_pod_with_the_manifest_config_finds_itself_in_the_ring(start_server, t
 
 
 def test_kustomize_renders_every_object():
-    exe = shutil.which("kubectl")
-    if exe is None:
-        pytest.skip("kubectl is not installed (not part of deploy/install-deps.sh)")
+    exe = need_tool("kubectl")
     r = subprocess.run([exe, "kustomize", str(K8S)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     yaml = need_yaml()
@@ -364,6 +346,8 @@ def test_services_and_pdb_select_the_pods():
     pdb = one("PodDisruptionBudget")
     assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
     assert pdb["spec"]["maxUnavailable"] == 1
+    pol = one("NetworkPolicy")
+    assert pol["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
 
 
 # --------------------------------------------------------------------------
@@ -473,6 +457,7 @@ def test_haproxy_config_uses_the_binary_defaults():
 @pytest.mark.parametrize("script,shell", [
     ("deploy/install-deps.sh", "bash"),
     ("deploy/container-test.sh", "bash"),
+    ("deploy/helm/render-kubernetes.sh", "bash"),
 ])
 def test_scripts_parse(script, shell):
     path = REPO_ROOT / script

@@ -310,9 +310,9 @@ static void test_diff_and_fit(void)
     CHECK_STR(d.names[2], "log_level");
     CHECK_STR(d.values[2], "debug");
     y.max_connections = 5000;
-    CHECK_EQ(pl_config_fit_nofile(&y, 1024), 960);
-    CHECK_EQ(pl_config_fit_nofile(&y, 100), 50);
-    CHECK_EQ(pl_config_fit_nofile(&y, 100000), 50); /* never raised */
+    CHECK_EQ(pl_config_fit_nofile(&y, 1024, NULL), 960);
+    CHECK_EQ(pl_config_fit_nofile(&y, 100, NULL), 50);
+    CHECK_EQ(pl_config_fit_nofile(&y, 100000, NULL), 50); /* never raised */
 }
 
 /* A temporary directory for the reader's tests; "" when none. */

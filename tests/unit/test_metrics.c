@@ -371,7 +371,7 @@ static void test_ledger_identity(void)
 static void test_labels(void)
 {
     static const char *const results[] = {"hit", "miss", "invalid", "abandoned",
-                                          "unconfirmed"};
+                                          "unconfirmed", "off"};
     static const char *const methods[] = {"ack_event", "poll_fallback", "next_request",
                                           "next_turn", "late_check"};
     static const char *const confirms[] = {"acked", "unsent", "closed_unread",
@@ -386,9 +386,9 @@ static void test_labels(void)
     for (int i = 0; i < PL_DISPATCH__COUNT; i++)
         m.dispatch[i] = (uint64_t)(100 + i);
     for (int i = 0; i < PL_CONFIRM_BY__COUNT; i++)
-        m.confirm_method[i] = (uint64_t)(200 + i);
+        m.confirm.method[i] = (uint64_t)(200 + i);
     for (int i = 0; i < PL_CONFIRM__COUNT; i++)
-        m.confirm[i] = (uint64_t)(300 + i);
+        m.confirm.outcome[i] = (uint64_t)(300 + i);
     for (int i = 0; i < PL_UPGRADE__COUNT; i++)
         m.upgrades[i] = (uint64_t)(400 + i);
     for (int i = 0; i < 4; i++)
@@ -403,9 +403,9 @@ static void test_labels(void)
     m.max_waiters_per_key = 18;
     m.max_connections = 19;
     m.connections_open = 20;
-    m.ack_events_refused = 21;
-    m.confirm_probes = 22;
-    m.confirm_skipped = 23;
+    m.confirm.ack_events_refused = 21;
+    m.confirm.probes = 22;
+    m.confirm.skipped = 23;
     pl_metrics_count_http(&m, PL_ROUTE_PARK, 204);
     pl_metrics_count_http(&m, PL_ROUTE_PARK, 200);
     pl_metrics_count_http(&m, PL_ROUTE_DISPATCH, 400);

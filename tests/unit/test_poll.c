@@ -300,17 +300,31 @@ static void test_token_enforced(void)
     CHECK_EQ(token, PL_TOKEN_VALID);
     CHECK(key_is("deployment_tok", "20250101.1", 0.5, 1));
 
+    /* refused, the key still says what the poll claimed (the status page
+     * names the deployment whose poll was refused) */
     set(PL_HDR_DEPLOYMENT_ID, mint("wrong-secret", CLAIMS("deployment_tok", "20250101.1")));
     CHECK_EQ(key_of(ENFORCE), -EACCES);
     CHECK_EQ(token, PL_TOKEN_INVALID);
     CHECK_STR(err, "invalid deployment token");
+    CHECK(key_is("deployment_tok", "20250101.1", 0.5, 1));
     set(PL_HDR_DEPLOYMENT_ID, mint(SECRET, CLAIMS("deployment_tok", "20250101.2")));
     CHECK_EQ(key_of(ENFORCE), -EACCES);
     CHECK_STR(err, "invalid deployment token");
+    CHECK(key_is("deployment_tok", "20250101.1", 0.5, 1));
     set(PL_HDR_DEPLOYMENT_ID, "deployment_abc123");
     CHECK_EQ(key_of(ENFORCE), -EACCES);
     CHECK_EQ(token, PL_TOKEN_LEGACY);
     CHECK_STR(err, "a signed deployment token is required");
+    CHECK(key_is("deployment_abc123", "20250101.1", 0.5, 1));
+    /* ... but no claim, or one no key could hold, is no deployment: still 401 */
+    set(PL_HDR_DEPLOYMENT_ID, mint("wrong-secret", "{\"deployment_version\":\"1\"}"));
+    CHECK_EQ(key_of(ENFORCE), -EACCES);
+    CHECK_STR(err, "invalid deployment token");
+    CHECK_EQ(key.deployment_len, 0);
+    set(PL_HDR_DEPLOYMENT_ID, mint("wrong-secret", CLAIMS("dep\\u0007", "20250101.1")));
+    CHECK_EQ(key_of(ENFORCE), -EACCES);
+    CHECK_STR(err, "invalid deployment token");
+    CHECK_EQ(key.deployment_len, 0);
     /* malformed headers are 400 before any token is looked at */
     set(PL_HDR_MACHINE_CPU, "lots");
     CHECK_EQ(key_of(ENFORCE), -EINVAL);
@@ -394,6 +408,20 @@ static void test_rejudge(void)
     CHECK_EQ(tag, PL_POLL_TRUST_INVALID);
 }
 
+/* A poll near its controller's end is passed over: the margin is the
+ * path's (two round trips, four deviations) and 10 ms; unknown, 1 ms. */
+static void test_expiring(void)
+{
+    CHECK(!pl_poll_expiring(0, 0, 30000, 1000, 0));
+    CHECK(!pl_poll_expiring(0, 29987, 30000, 1000, 0));     /* 29987 + 12 < 30000 */
+    CHECK(pl_poll_expiring(0, 29988, 30000, 1000, 0));
+    CHECK(pl_poll_expiring(0, 29988, 30000, 0, 0));          /* unknown: as 1 ms */
+    CHECK(!pl_poll_expiring(0, 29749, 30000, 100000, 10000)); /* margin 250 */
+    CHECK(pl_poll_expiring(0, 29750, 30000, 100000, 10000));
+    CHECK(pl_poll_expiring(1000, 40000, 30000, 1000, 0));    /* past it */
+    CHECK(!pl_poll_expiring(1000, 1000, 30000, 1000, 0));
+}
+
 int main(void)
 {
     verifier = pl_token_verifier_new((const unsigned char *)SECRET, strlen(SECRET));
@@ -410,5 +438,6 @@ int main(void)
     RUN(test_trust_tags);
     RUN(test_rejudge);
     pl_token_verifier_free(verifier);
+    RUN(test_expiring);
     return unit_finish();
 }

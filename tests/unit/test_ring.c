@@ -193,6 +193,53 @@ static void test_check_config(void)
     }
 }
 
+static int view_read(const char *v, int with_clock, pl_ring_view *out)
+{
+    return pl_ring_view_read(v, strlen(v), with_clock, out);
+}
+
+/* X-PL-Ring's two forms read strictly: what pl_redirect writes and
+ * nothing near it (scanf would take a sign, a 0x, leading blanks, a
+ * shorter digest, a name cut short). */
+static void test_view_read(void)
+{
+    static const char *bad_check[] = {
+        "", "0123456789abcdef", "0123456789abcdef ", "0123456789abcde a:1",
+        "0123456789abcdef0 a:1", "0123456789ABCDEF a:1", "0x23456789abcdef a:1",
+        " 0123456789abcdef a:1", "0123456789abcdef  a:1", "0123456789abcdef a:1 ",
+        "0123456789abcdef a :1", "0123456789abcdef a:\x01", "0123456789abcdef a:\x7f",
+        "0123456789abcdef a:\xc3\xa9",
+    };
+    static const char *bad_answer[] = {
+        "0123456789abcdef a:1", "0123456789abcdef 12345678901234 a:1",
+        "0123456789abcdef -1 a:1", "0123456789abcdef +1 a:1", "0123456789abcdef 1",
+        "0123456789abcdef 1  a:1", "0123456789abcdef 1x a:1",
+    };
+    char name[PL_RING_NAME_MAX + 32];
+    pl_ring_view v;
+
+    CHECK_EQ(view_read("0123456789abcdef 127.0.0.1:8080", 0, &v), 0);
+    CHECK(v.digest == 0x0123456789abcdefULL && v.ms == 0);
+    CHECK_STR(v.name, "127.0.0.1:8080");
+    CHECK_EQ(view_read("ffffffffffffffff 1764900000123 [::1]:9", 1, &v), 0);
+    CHECK(v.digest == UINT64_MAX && v.ms == 1764900000123ULL);
+    CHECK_STR(v.name, "[::1]:9");
+    CHECK_EQ(view_read("0000000000000001 0 n", 1, &v), 0);
+    CHECK(v.digest == 1 && v.ms == 0);
+    for (size_t i = 0; i < sizeof(bad_check) / sizeof(bad_check[0]); i++)
+        CHECK_EQ(view_read(bad_check[i], 0, &v), -EINVAL);
+    for (size_t i = 0; i < sizeof(bad_answer) / sizeof(bad_answer[0]); i++)
+        CHECK_EQ(view_read(bad_answer[i], 1, &v), -EINVAL);
+    /* the name's length: up to PL_RING_NAME_MAX - 1 */
+    memset(name, 'a', sizeof(name));
+    memcpy(name, "0123456789abcdef ", 17);
+    CHECK_EQ(pl_ring_view_read(name, 17 + PL_RING_NAME_MAX - 1, 0, &v), 0);
+    CHECK_EQ(strlen(v.name), (size_t)PL_RING_NAME_MAX - 1);
+    CHECK_EQ(pl_ring_view_read(name, 17 + PL_RING_NAME_MAX, 0, &v), -EINVAL);
+    /* a NUL inside is not the end */
+    CHECK_EQ(pl_ring_view_read("0123456789abcdef a\0b", 20, 0, &v), -EINVAL);
+}
+
 int main(void)
 {
     RUN(test_members);
@@ -201,5 +248,6 @@ int main(void)
     RUN(test_spread_and_moves);
     RUN(test_split);
     RUN(test_check_config);
+    RUN(test_view_read);
     return unit_finish();
 }

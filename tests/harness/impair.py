@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-REPO_ROOT = HERE.parent
+REPO_ROOT = HERE.parents[1]
 COMPAT = REPO_ROOT / "tests" / "compat"
 SRV_IP = "10.78.0.1"
 CTL_IPS = [f"10.78.1.{i}" for i in range(1, 9)]
@@ -72,6 +72,23 @@ def child_in(ns):
     def setup():
         _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         enter(ns)
+    return setup
+
+
+CLONE_NEWNS = 0x00020000
+MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
+
+
+def private_hosts(path):
+    """A preexec_fn: the child sees <path> as /etc/hosts, in a mount
+    namespace of its own (root). The bind mount holds <path>'s inode:
+    change the file in place, never by replacing it."""
+    def setup():
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.unshare(CLONE_NEWNS) != 0 or \
+                libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0 or \
+                libc.mount(str(path).encode(), b"/etc/hosts", None, MS_BIND, None) != 0:
+            raise OSError(ctypes.get_errno(), "private /etc/hosts")
     return setup
 
 
@@ -697,6 +714,8 @@ def run_cell(net, mode, server_args=(), *, rtt_ms=0.0, jitter_ms=0.0, loss=0.0, 
     own, as each run controller does in its container (else one process,
     and one pool, serves them all). <capture>: a file to list every TCP
     segment the controllers' TUN device carries in (Capture)."""
+    if str(REPO_ROOT / "tests") not in sys.path:  # run from loadtest/
+        sys.path.insert(0, str(REPO_ROOT / "tests"))
     from conftest import EXAMPLE, Metrics, Server  # the suite's helpers
 
     wall = time.monotonic()
