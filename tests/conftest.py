@@ -573,8 +573,8 @@ def wait_stopped(pid, timeout=5.0):
 
 
 class Server:
-    def __init__(self, args=(), env=None, listen=True, preexec_fn=None):
-        self.args = [BIN] + (["--listen", f"{HOST}:0"] if listen else []) + list(args)
+    def __init__(self, args=(), env=None, listen=True, preexec_fn=None, binary=None):
+        self.args = [binary or BIN] + (["--listen", f"{HOST}:0"] if listen else []) + list(args)
         self.errf = tempfile.TemporaryFile()
         self.outf = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(self.args, stdin=subprocess.DEVNULL,

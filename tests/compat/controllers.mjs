@@ -4,11 +4,14 @@
 //
 // Usage: node controllers.mjs SPEC_JSON
 //   SPEC: {"url": BASE_URL, "controllers": [{"id", "key": [deployment,
-//          version, cpu, memory]}], "work_ms": [MIN, MAX], "max_runtime_s": S}
+//          version, cpu, memory]}], "work_ms": [MIN, MAX], "max_runtime_s": S,
+//          "connect_each_poll": BOOL}
 //
 // Each controller calls /connect once, then loops as a warm container does:
 // long-poll with warmStart(), "work" MIN..MAX ms on the run it got, poll
-// again. One JSON line on stdout per event; {"ev":"run","ctl","run"} is a
+// again. With connect_each_poll it calls /connect before every poll, as
+// Trigger.dev's managed run controller does (waitForNextRun in
+// packages/cli-v3/src/entryPoints/managed/controller.ts). One JSON line on stdout per event; {"ev":"run","ctl","run"} is a
 // receipt: the client returned the parsed run, so the controller would start
 // it; {"ev":"backoff","ctl","s","t"} is a wait of the client's own back-off
 // after a failed request, <s> seconds long, begun at <t>. Ends on SIGTERM or
@@ -53,16 +56,23 @@ async function controller(spec, c) {
       emit({ ev: "backoff", ctl: c.id, retry: retries, s: (Date.now() - t0) / 1000, t: t0 / 1000, why });
     },
   };
-  const connect = await client.connect();
+  let connect = await client.connect();
   if (!connect.success) {
     emit({ ev: "connect_failed", ctl: c.id, error: String(connect.error) });
     return;
   }
-  const connectionTimeoutMs = connect.data.connectionTimeoutMs ?? 30_000;
-  const keepaliveMs = connect.data.keepaliveMs ?? 300_000;
   const [lo, hi] = spec.work_ms;
   let first = true;
   for (;;) {
+    if (spec.connect_each_poll && !first) {
+      connect = await client.connect();
+      if (!connect.success) {
+        emit({ ev: "connect_failed", ctl: c.id, error: String(connect.error) });
+        return;
+      }
+    }
+    const connectionTimeoutMs = connect.data.connectionTimeoutMs ?? 30_000;
+    const keepaliveMs = connect.data.keepaliveMs ?? 300_000;
     const poll = client.warmStart({ workerInstanceName: "impaired-node", connectionTimeoutMs, keepaliveMs });
     if (first) {
       emit({ ev: "polling", ctl: c.id });

@@ -158,13 +158,13 @@ def _ip(*args):
 class Wire:
     """A running pl-wire: one command a line, one answer a line."""
 
-    def __init__(self, binary, ns_a, dev_a, ns_b, dev_b, seed=1, max_runtime_s=900):
+    def __init__(self, binary, ns_a, dev_a, ns_b, dev_b, seed=1, max_runtime_s=900, mtu=1500):
         # The wire dies with the thread that starts it (PR_SET_PDEATHSIG
         # follows the thread): start it from one that lives as long, such
         # as the main thread.
         self.proc = subprocess.Popen(
             [binary, "--seed", str(seed), "--max-runtime-s", str(max_runtime_s),
-             ns_a, dev_a, ns_b, dev_b],
+             "--mtu", str(mtu), ns_a, dev_a, ns_b, dev_b],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             text=True, bufsize=1)
         line = self._line(10)
@@ -223,21 +223,26 @@ def sweep_namespaces():
 
 class ImpairedNet:
     """Namespaces S and C joined by a pl-wire; direction "ab" is S -> C.
+    <mtu>: the TUN devices' MTU (1500, as Ethernet; 9001, as an AWS VPC).
     Use as a context manager: namespaces and wire go away on exit, also
     after a failure."""
 
-    def __init__(self, wire_bin, seed=1):
+    def __init__(self, wire_bin, seed=1, mtu=1500):
         pid = os.getpid()
         self.srv, self.ctl = f"pl-is{pid}", f"pl-ic{pid}"
         self.srv_dev, self.ctl_dev = f"plis{pid}", f"plic{pid}"
+        self.mtu = mtu
         self.wire = None
         sweep_namespaces()
         try:
             _ip("netns", "add", self.srv)
             _ip("netns", "add", self.ctl)
-            self.wire = Wire(wire_bin, self.srv, self.srv_dev, self.ctl, self.ctl_dev, seed)
+            self.wire = Wire(wire_bin, self.srv, self.srv_dev, self.ctl, self.ctl_dev, seed,
+                             mtu=mtu)
             for ns in (self.srv, self.ctl):
                 _ip("-n", ns, "link", "set", "lo", "up")
+            _ip("-n", self.srv, "link", "set", self.srv_dev, "mtu", str(mtu))
+            _ip("-n", self.ctl, "link", "set", self.ctl_dev, "mtu", str(mtu))
             _ip("-n", self.srv, "addr", "add", f"{SRV_IP}/32", "dev", self.srv_dev)
             for a in CTL_IPS:
                 _ip("-n", self.ctl, "addr", "add", f"{a}/32", "dev", self.ctl_dev)
@@ -287,19 +292,66 @@ class ImpairedNet:
     def drop_ip(self, addr, on=True):
         self.wire.cmd(f"drop ip {addr} {'on' if on else 'off'}")
 
-    def connect_rtt_ms(self, port, samples=5):
+    def connect_rtt_ms(self, port, samples=5, loopback=False):
         """The RTT the kernel measured over a handshake from C to the
         server (TCP_INFO), median of <samples>: what the wire's settings
-        amount to, the wire's own wake-up latency included."""
+        amount to, the wire's own wake-up latency included. <loopback>:
+        from S to its own loopback instead."""
         def go():
             out = []
             for _ in range(samples):
-                s = socket.create_connection((SRV_IP, port), timeout=10)
+                s = socket.create_connection(("127.0.0.1" if loopback else SRV_IP, port),
+                                             timeout=10)
                 info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
                 out.append(struct.unpack_from("I", info, 68)[0] / 1000)  # tcpi_rtt, us
                 s.close()
             return sorted(out)[len(out) // 2]
-        return in_ns(self.ctl, go)
+        return in_ns(self.srv if loopback else self.ctl, go)
+
+
+class Capture:
+    """The TCP segments crossing a TUN device, as a packet capture would list
+    them: an AF_PACKET socket on <dev> inside <ns>, read by a thread until
+    stop(), one line per segment written to <path>:
+
+        TIME SRC:PORT > DST:PORT FLAGS seq=N ack=N len=N
+
+    (TIME: seconds, CLOCK_REALTIME; FLAGS from F S R P . as set)."""
+
+    def __init__(self, ns, dev, path):
+        self.sock = in_ns(ns, lambda: socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM,
+                                                    socket.htons(0x0003)))
+        self.sock.bind((dev, 0))
+        self.sock.settimeout(0.2)
+        self.out = open(path, "w")
+        self.running = True
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        while self.running:
+            try:
+                data = self.sock.recv(65535)
+            except socket.timeout:
+                continue
+            except OSError:
+                break
+            t = time.time()
+            if len(data) < 40 or data[0] >> 4 != 4 or data[9] != socket.IPPROTO_TCP:
+                continue
+            ihl, total = (data[0] & 15) * 4, struct.unpack("!H", data[2:4])[0]
+            sport, dport, seq, ack, off, fl = struct.unpack("!HHIIBB", data[ihl:ihl + 14])
+            flags = "".join(c for b, c in ((1, "F"), (2, "S"), (4, "R"), (8, "P"), (16, "."))
+                            if fl & b)
+            self.out.write(f"{t:.6f} {socket.inet_ntoa(data[12:16])}:{sport} > "
+                           f"{socket.inet_ntoa(data[16:20])}:{dport} {flags} seq={seq} "
+                           f"ack={ack} len={total - ihl - (off >> 4) * 4}\n")
+
+    def stop(self):
+        self.running = False
+        self.thread.join(2)
+        self.sock.close()
+        self.out.close()
 
 
 # --------------------------------------------------------------------------
@@ -461,10 +513,10 @@ class NsServer:
     """pilotlight inside the server namespace (conftest's Server does the
     start, the log and the clean-exit checks)."""
 
-    def __init__(self, server_cls, ns, *args):
+    def __init__(self, server_cls, ns, *args, binary=None):
         self.ns = ns
         self.srv = server_cls(["--listen", "0.0.0.0:0"] + list(args), listen=False,
-                              preexec_fn=child_in(ns))
+                              preexec_fn=child_in(ns), binary=binary)
         self.port = self.srv.port
 
     def get(self, path):
@@ -519,18 +571,23 @@ class ControllerProcess:
         self.err_reader.join(5)
 
 
-def raw_controllers(ns, port, controllers, work_ms, seed, max_runtime_s=300):
-    """Our own controllers ("keep" and "close"), one thread each, in C."""
-    spec = {"host": SRV_IP, "port": port, "controllers": controllers,
+def raw_controllers(ns, port, controllers, work_ms, seed, max_runtime_s=300, host=SRV_IP):
+    """Our own controllers ("keep" and "close"), one thread each, in <ns>
+    (C), talking to <host>."""
+    spec = {"host": host, "port": port, "controllers": controllers,
             "work_ms": work_ms, "seed": seed, "max_runtime_s": max_runtime_s}
     return ControllerProcess(ns, [sys.executable, str(Path(__file__).resolve()),
                                   "controllers", json.dumps(spec)])
 
 
-def node_controllers(ns, port, controllers, work_ms, max_runtime_s=300):
-    """Trigger.dev's WarmStartClient, one per controller, in one node process in C."""
-    spec = {"url": f"http://{SRV_IP}:{port}", "controllers": controllers,
-            "work_ms": work_ms, "max_runtime_s": max_runtime_s}
+def node_controllers(ns, port, controllers, work_ms, max_runtime_s=300, host=SRV_IP,
+                     connect_each_poll=False):
+    """Trigger.dev's WarmStartClient, one per controller, in one node process
+    in <ns> (C), talking to <host>; <connect_each_poll>: each calls /connect
+    before every poll, as Trigger.dev's run controller does."""
+    spec = {"url": f"http://{host}:{port}", "controllers": controllers,
+            "work_ms": work_ms, "max_runtime_s": max_runtime_s,
+            "connect_each_poll": connect_each_poll}
     return ControllerProcess(ns, [shutil.which("node"), str(COMPAT / "controllers.mjs"),
                                   json.dumps(spec)])
 
@@ -597,6 +654,7 @@ def tally(run_ids, answers, receipts):
     lat.sort()
     for p in (50, 90, 99):
         f[f"p{p}_ms"] = percentile(lat, p)
+    f["max_ms"] = lat[-1] if lat else None
     return f
 
 
@@ -636,28 +694,47 @@ def metric_family(m, name, label):
 
 def run_cell(net, mode, server_args=(), *, rtt_ms=0.0, jitter_ms=0.0, loss=0.0, ackloss=0.0,
              keys=4, per_key=10, node_keys=(), dispatches=150, rate=25.0,
-             work_ms=(500, 1500), seed=1, tag="cell"):
+             work_ms=(500, 1500), seed=1, tag="cell", payload_bytes=0, loopback=False,
+             binary=None, connect_each_poll=False, process_each=False, capture=None):
     """Runs one cell: shapes the wire, starts pilotlight in S with
     --delivery <mode>, the fleet in C, <dispatches> runs with unique ids at
     <rate> a second round-robin over the keys; waits for the receipts; stops
     everything. Returns a dict: tally()'s figures for all runs, "by_group"
     (the same for runs of raw and of node keys), the measured connect RTT,
-    the wire's and the broker's counters, and the wall time."""
+    the wire's and the broker's counters, and the wall time.
+
+    <payload_bytes>: each run's DequeuedMessage is padded to about that
+    many bytes (a W3C tracestate in its trace context, which real runs
+    carry in varying sizes); 0 leaves the example as it is. <loopback>: the
+    fleet runs in S and reaches pilotlight over S's loopback, not the wire
+    (which then carries nothing). <binary>: the server to run (conftest's
+    BIN when None). <connect_each_poll>: the real client's controllers call
+    /connect before every poll (node_controllers). <process_each>: each of
+    them runs in a node process of its own, with a connection pool of its
+    own, as each run controller does in its container (else one process,
+    and one pool, serves them all). <capture>: a file to list every TCP
+    segment the controllers' TUN device carries in (Capture)."""
     if str(REPO_ROOT / "tests") not in sys.path:  # run from loadtest/
         sys.path.insert(0, str(REPO_ROOT / "tests"))
     from conftest import EXAMPLE, Metrics, Server  # the suite's helpers
 
     wall = time.monotonic()
     net.shape(rtt_ms=rtt_ms, jitter_ms=jitter_ms, loss=loss, ackloss=ackloss, seed=seed)
-    srv = NsServer(Server, net.srv, "--delivery", mode, *server_args)
+    srv = NsServer(Server, net.srv, "--delivery", mode, *server_args, binary=binary)
     procs, disp = [], None
+    ns, host = (net.srv, "127.0.0.1") if loopback else (net.ctl, SRV_IP)
+    cap = Capture(net.ctl, net.ctl_dev, capture) if capture and not loopback else None
     try:
-        measured_rtt = net.connect_rtt_ms(srv.port)
+        measured_rtt = net.connect_rtt_ms(srv.port, loopback=loopback)
         raw, node = fleet(keys, per_key, node_keys)
+        if loopback:
+            for c in raw:
+                c["bind"] = "127.0.0.1"
         if raw:
-            procs.append(raw_controllers(net.ctl, srv.port, raw, work_ms, seed))
-        if node:
-            procs.append(node_controllers(net.ctl, srv.port, node, work_ms))
+            procs.append(raw_controllers(ns, srv.port, raw, work_ms, seed, host=host))
+        for group in ([[c] for c in node] if process_each else [node] if node else []):
+            procs.append(node_controllers(ns, srv.port, group, work_ms, host=host,
+                                          connect_each_poll=connect_each_poll))
         want = len(raw) + len(node)
         deadline = time.monotonic() + 30
         while srv.metrics(Metrics).parked_now < want:
@@ -676,6 +753,9 @@ def run_cell(net, mode, server_args=(), *, rtt_ms=0.0, jitter_ms=0.0, loss=0.0, 
             msg["run"]["machine"]["cpu"], msg["run"]["machine"]["memory"] = cpu, mem
             run_id = f"run_{tag}_{i:04d}"
             msg["run"]["id"], msg["run"]["friendlyId"] = run_id[4:], run_id
+            short = payload_bytes - len(json.dumps(msg)) - len(', "tracestate": ""')
+            if short > 0:
+                msg["run"]["traceContext"]["tracestate"] = "pl=" + "0" * (short - 3)
             jobs.append((run_id, msg))
             group[run_id] = "node" if k in node_keys else "raw"
         disp = Dispatcher(net.srv, srv.port)
@@ -698,6 +778,8 @@ def run_cell(net, mode, server_args=(), *, rtt_ms=0.0, jitter_ms=0.0, loss=0.0, 
         for p in procs:
             p.stop()
         srv.stop()
+        if cap is not None:
+            cap.stop()
     got = receipts()
     run_ids = [r for r, _ in jobs]
     figures = tally(run_ids, answers, got)
@@ -708,7 +790,12 @@ def run_cell(net, mode, server_args=(), *, rtt_ms=0.0, jitter_ms=0.0, loss=0.0, 
     figures["wire"] = net.wire.stats()
     figures["broker"] = {"dispatch": metric_family(m, "pilotlight_dispatch_total", "result"),
                          "confirm": metric_family(m, "pilotlight_confirm_total", "outcome"),
+                         "method": metric_family(m, "pilotlight_confirm_method_total", "method"),
                          "settled": metric_family(m, "pilotlight_settled_total", "outcome")}
+    # Cumulative counts of ACK reports by time from write (s, as "le").
+    figures["ack_reports"] = {dict(labels)["le"]: int(v) for (n, labels), v in m.samples.items()
+                              if n == "pilotlight_confirm_ack_seconds_bucket"}
+    figures["payload_bytes"] = len(json.dumps(jobs[0][1])) if jobs else 0
     figures["events"] = {}
     for p in procs:
         for e in p.events:

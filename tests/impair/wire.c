@@ -3,12 +3,14 @@
  * ACKs and blackholes, for the impaired-network tests (this kernel has no
  * netem qdisc).
  *
- *   pl-wire [--seed N] [--max-runtime-s S] [--queue N] NS_A DEV_A NS_B DEV_B
+ *   pl-wire [--seed N] [--max-runtime-s S] [--queue N] [--mtu N] NS_A DEV_A NS_B DEV_B
  *
  * NS_* is a name under /var/run/netns (or a path holding a '/'); DEV_* is
  * the TUN device to create there. The wire prints "ready" once both exist;
- * the caller then gives them addresses and routes. Direction "ab" carries
- * what A's stack sends to B, "ba" the reverse, "both" sets the two.
+ * the caller then gives them addresses, routes and their MTU, which must
+ * not exceed --mtu (1500 by default; 68..65535): a longer packet is
+ * counted as "other" and dropped. Direction "ab" carries what A's stack
+ * sends to B, "ba" the reverse, "both" sets the two.
  *
  * Control: one command a line on stdin, each answered by one line on
  * stdout, "ok ..." or "error <why>":
@@ -23,7 +25,9 @@
  *                        direction in, out, acks (pure ACKs that met the
  *                        ACK-loss draw), lost, acklost, dropped
  *                        (blackholes), full (queue overflow), other (not
- *                        IPv4), werr (failed reads or writes)
+ *                        IPv4, or longer than --mtu), werr (failed reads or
+ *                        writes), bytes (IP bytes of the packets out),
+ *                        segs (TCP segments out that carry data)
  *   reset                zero the counters
  *   quit                 exit (so does end of input)
  *
@@ -50,21 +54,20 @@
 #include <time.h>
 #include <unistd.h>
 
-/* Larger than the 1500-byte MTU the harness leaves on the devices: a read
- * that fills the whole slot was cut short and is dropped. */
-#define PKT_MAX 2048
+/* The largest packet --mtu may allow (IPv4's total length field). */
+#define MTU_MAX 65535
 #define MAX_DROP_IPS 16
 
 enum { TCP_FIN = 0x01, TCP_SYN = 0x02, TCP_RST = 0x04, TCP_ACK = 0x10 };
 
+/* A queued packet; its bytes are in the direction's slot of the same index. */
 struct pkt {
     uint64_t release_ns;
     size_t len;
-    unsigned char data[PKT_MAX];
 };
 
 struct counters {
-    uint64_t in, out, acks, lost, acklost, dropped, full, other, werr;
+    uint64_t in, out, acks, lost, acklost, dropped, full, other, werr, bytes, segs;
 };
 
 struct dir {
@@ -73,12 +76,14 @@ struct dir {
     uint64_t delay_ns, jitter_ns;
     double loss, ackloss;
     struct pkt *ring; /* FIFO: release times never decrease */
+    unsigned char *slots; /* cap slots of g.slot bytes each */
     size_t cap, head, count;
     uint64_t last_release_ns;
     struct counters c;
 };
 
 static struct {
+    size_t slot; /* --mtu + 1: a read that fills a slot was cut short */
     bool drop_all;
     uint32_t drop_ip[MAX_DROP_IPS]; /* network order; 0 = free slot */
     uint64_t rng;
@@ -133,6 +138,18 @@ static bool is_pure_ack(const unsigned char *p, size_t len)
     return (t[13] & TCP_ACK) && !(t[13] & (TCP_SYN | TCP_FIN | TCP_RST));
 }
 
+/* A TCP segment that carries data (the wire counts them, per direction). */
+static bool has_payload(const unsigned char *p, size_t len)
+{
+    size_t ihl = (size_t)(p[0] & 0x0f) * 4, total = (size_t)p[2] << 8 | p[3];
+
+    if (p[9] != IPPROTO_TCP || ihl < 20 || total > len || total < ihl + 20)
+        return false;
+    if (((p[6] & 0x1f) << 8 | p[7]) != 0)
+        return false;
+    return total > ihl + (size_t)(p[ihl + 12] >> 4) * 4;
+}
+
 static bool blackholed(const unsigned char *p)
 {
     uint32_t src, dst;
@@ -151,13 +168,14 @@ static bool blackholed(const unsigned char *p)
 static void take_in(struct dir *d)
 {
     for (;;) {
-        struct pkt *slot = &d->ring[(d->head + d->count) % d->cap];
-        unsigned char spill[PKT_MAX];
+        size_t at = (d->head + d->count) % d->cap;
+        struct pkt *slot = &d->ring[at];
+        static unsigned char spill[MTU_MAX + 1];
         bool room = d->count < d->cap;
         /* With the ring full the packet is still read, so the device's own
          * queue does not hide the overflow from the counters. */
-        unsigned char *buf = room ? slot->data : spill;
-        ssize_t n = read(d->in_fd, buf, PKT_MAX);
+        unsigned char *buf = room ? d->slots + at * g.slot : spill;
+        ssize_t n = read(d->in_fd, buf, g.slot);
         uint64_t now, release;
 
         if (n < 0) {
@@ -166,7 +184,7 @@ static void take_in(struct dir *d)
             return;
         }
         d->c.in++;
-        if (n < 20 || n >= PKT_MAX || (buf[0] >> 4) != 4) {
+        if (n < 20 || (size_t)n >= g.slot || (buf[0] >> 4) != 4) {
             d->c.other++;
             continue;
         }
@@ -211,17 +229,21 @@ static uint64_t send_due(struct dir *d)
 
     while (d->count > 0) {
         struct pkt *p = &d->ring[d->head];
+        unsigned char *data = d->slots + d->head * g.slot;
 
         if (p->release_ns > now)
             return p->release_ns - now;
         /* Checked again on the way out: a peer that vanishes takes the
          * packets still on the wire with it. */
-        if (blackholed(p->data))
+        if (blackholed(data)) {
             d->c.dropped++;
-        else if (write(d->out_fd, p->data, p->len) == (ssize_t)p->len)
+        } else if (write(d->out_fd, data, p->len) == (ssize_t)p->len) {
             d->c.out++;
-        else
+            d->c.bytes += p->len;
+            d->c.segs += has_payload(data, p->len);
+        } else {
             d->c.werr++;
+        }
         d->head = (d->head + 1) % d->cap;
         d->count--;
     }
@@ -272,9 +294,9 @@ static void print_counters(const struct dir *d)
 
     printf(" %s_in=%" PRIu64 " %s_out=%" PRIu64 " %s_acks=%" PRIu64 " %s_lost=%" PRIu64
            " %s_acklost=%" PRIu64 " %s_dropped=%" PRIu64 " %s_full=%" PRIu64 " %s_other=%" PRIu64
-           " %s_werr=%" PRIu64,
+           " %s_werr=%" PRIu64 " %s_bytes=%" PRIu64 " %s_segs=%" PRIu64,
            n, d->c.in, n, d->c.out, n, d->c.acks, n, d->c.lost, n, d->c.acklost, n, d->c.dropped,
-           n, d->c.full, n, d->c.other, n, d->c.werr);
+           n, d->c.full, n, d->c.other, n, d->c.werr, n, d->c.bytes, n, d->c.segs);
 }
 
 /* Parses a number in [lo, hi]; false if <s> is not one. */
@@ -441,7 +463,7 @@ static bool take_commands(struct dir *ab, struct dir *ba)
 
 static int usage(void)
 {
-    fprintf(stderr, "usage: pl-wire [--seed N] [--max-runtime-s S] [--queue N] "
+    fprintf(stderr, "usage: pl-wire [--seed N] [--max-runtime-s S] [--queue N] [--mtu N] "
                     "NS_A DEV_A NS_B DEV_B\n");
     return 2;
 }
@@ -449,7 +471,7 @@ static int usage(void)
 int main(int argc, char **argv)
 {
     uint64_t seed = 1;
-    double runtime_s = 600, queue = 4096;
+    double runtime_s = 600, queue = 4096, mtu = 1500;
     struct dir ab = {.name = "ab"}, ba = {.name = "ba"};
     pid_t parent = getppid();
     int i, fa, fb, self_ns;
@@ -464,6 +486,8 @@ int main(int argc, char **argv)
             ;
         else if (strcmp(argv[i], "--queue") == 0 && parse_num(argv[i + 1], 1, 1 << 20, &queue))
             ;
+        else if (strcmp(argv[i], "--mtu") == 0 && parse_num(argv[i + 1], 68, MTU_MAX, &mtu))
+            ;
         else
             return usage();
     }
@@ -477,6 +501,7 @@ int main(int argc, char **argv)
     /* The default 50 us of timer slack would be a quarter of a 0.2 ms RTT. */
     prctl(PR_SET_TIMERSLACK, 1UL);
     g.rng = seed;
+    g.slot = (size_t)mtu + 1;
     setvbuf(stdout, NULL, _IOLBF, 0);
 
     self_ns = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
@@ -496,7 +521,10 @@ int main(int argc, char **argv)
     ab.cap = ba.cap = (size_t)queue;
     ab.ring = calloc(ab.cap, sizeof *ab.ring);
     ba.ring = calloc(ba.cap, sizeof *ba.ring);
-    if (ab.ring == NULL || ba.ring == NULL) {
+    /* Untouched slots cost no memory: calloc maps large blocks lazily. */
+    ab.slots = calloc(ab.cap, g.slot);
+    ba.slots = calloc(ba.cap, g.slot);
+    if (ab.ring == NULL || ba.ring == NULL || ab.slots == NULL || ba.slots == NULL) {
         fprintf(stderr, "pl-wire: out of memory for %zu-packet queues\n", ab.cap);
         return 1;
     }
@@ -525,6 +553,8 @@ int main(int argc, char **argv)
     }
     free(ab.ring);
     free(ba.ring);
+    free(ab.slots);
+    free(ba.slots);
     close(fa);
     close(fb);
     return 0;
