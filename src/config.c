@@ -576,12 +576,15 @@ static int env_not_a_setting(const char *name)
  * Returns 0, or -EINVAL with the message in <err>. */
 static int env_unknown(pl_config *cfg, const char *var, char *err, size_t errlen)
 {
-    const char *rest = var + sizeof(ENV_PREFIX) - 1, *eq = strchr(var, '='), *near;
-    size_t len = eq != NULL ? (size_t)(eq - rest) : strlen(rest), used = strlen(cfg->notes);
+    const char *rest = var + sizeof(ENV_PREFIX) - 1, *eq, *near;
+    size_t len, used = strlen(cfg->notes);
     char name[72], lower[72], show[272], upper[72];
 
+    /* the prefix first: a shorter variable has no <rest> to read */
     if (strncmp(var, ENV_PREFIX, sizeof(ENV_PREFIX) - 1) != 0)
         return 0;
+    eq = strchr(rest, '=');
+    len = eq != NULL ? (size_t)(eq - rest) : strlen(rest);
     snprintf(name, sizeof(name), "%.*s", (int)(len < 64 ? len : 64), rest);
     if (env_not_a_setting(name))
         return 0;
