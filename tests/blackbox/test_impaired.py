@@ -119,3 +119,39 @@ def test_delivery_promise_holds(net, node_ready, table, request, mode, cell):
     assert f["rtt_ms"] >= settings["rtt_ms"], text
     assert (w["ab_lost"] + w["ba_lost"] > 0) == (settings.get("loss", 0) > 0), text
     assert (w["ab_acklost"] + w["ba_acklost"] > 0) == (settings.get("ackloss", 0) > 0), text
+
+
+def late_reports(f, after_s):
+    """ACK reports that came later than <after_s> after their write: those
+    past the first bound of pilotlight_confirm_ack_seconds at or above it."""
+    buckets = f["ack_reports"]
+    bound = min(float(le) for le in buckets if le != "+Inf" and float(le) >= after_s)
+    return buckets.get("+Inf", 0) - next(v for le, v in buckets.items()
+                                          if le != "+Inf" and float(le) == bound)
+
+
+def test_the_real_clients_ack_a_run_at_once(net, node_ready, request):
+    """A run goes to Trigger.dev's real client so that its kernel ACKs it at
+    once, not at its delayed-ACK timer (40 ms or more). The 40 clients
+    share one node process and so one connection pool, as the figures in
+    docs/notes/2026-12-05-soliciting-the-ack.md do: a poll now and then
+    leaves on a connection that delivered a run a moment before, which puts
+    its kernel in ping-pong mode, where a lone segment waits for that
+    timer (10-16 % of runs did, unsolicited). Over loopback every answer
+    is one segment. Fails when the answers stop being shaped for it: more
+    than a few per cent of the ACK reports come later than 25 ms."""
+    if node_ready:
+        pytest.skip(node_ready)
+    n = 150
+    f = impair.run_cell(net, "confirm", dispatches=n, rate=15, keys=KEYS, per_key=PER_KEY,
+                        node_keys=tuple(range(KEYS)), work_ms=WORK_MS, tag="solicit",
+                        loopback=True)
+    text = "confirm, the real client on loopback: " + impair.describe(f)
+    late = late_reports(f, 0.02)
+    impair.show(request, f"{text}\n  ACK reports later than 25 ms: {late} of "
+                         f"{f['ack_reports'].get('+Inf', 0)}")
+    broken = {k: f[k] for k in ("duplicates", "false_received", "true_unreceived", "lost",
+                                "errors", "stray")}
+    assert broken == dict.fromkeys(broken, 0), text
+    assert f["true"] >= n * 9 // 10 and f["ack_reports"].get("+Inf", 0) >= n // 2, text
+    assert late <= n * 3 // 100, f"{late} ACK reports came 25 ms or more after their run\n{text}"
