@@ -10,7 +10,7 @@ the phases give pages back but keep the chunks' address ranges, so they do
 not count as chunk allocations when reused. Skipped under
 valgrind, which runs it a hundred times slower.
 
-PL_POOL_OPS=1000000 scales every part of the mix tenfold (the issue's
+PL_POOL_OPS=1000000 scales every part of the mix tenfold (a
 "1 M mixed operations"); the test prints RSS warmed and at the end, both
 read a second after the last connection closed."""
 
