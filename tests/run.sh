@@ -15,8 +15,15 @@
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-out=$(mktemp -d)
-trap 'rm -rf "$out"' EXIT
+# PL_TEST_OUT=DIR keeps the logs and JUnit files there (each test's time
+# is in them); else they go with a temporary directory.
+if [ -n "${PL_TEST_OUT:-}" ]; then
+    out=$PL_TEST_OUT
+    mkdir -p "$out"
+else
+    out=$(mktemp -d)
+    trap 'rm -rf "$out"' EXIT
+fi
 
 deploy/install-deps.sh --test || { echo "dependency install failed"; echo "0 passed, 1 failed"; exit 1; }
 
