@@ -468,7 +468,8 @@ def ack_cells(g):
 def ack_rtt(rtt, runs):
     """A cell's RTT as set on the wire and as the kernel measured it."""
     measured = runs.median("rtt_ms")
-    return f"{'loopback' if rtt == 'lo' else rtt} ({measured:.2f})"
+    digits = 2 if measured >= 0.1 else 3  # loopback's is a few µs
+    return f"{'loopback' if rtt == 'lo' else rtt} ({measured:.{digits}f})"
 
 
 def ack_latency(runs):

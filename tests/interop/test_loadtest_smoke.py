@@ -362,7 +362,7 @@ def test_bench_report_writes_the_whole_page(start_server, tmp_path):
     assert ("| 1,500 | 20 (20.80) | 21.4 / 21.9 / 23.0 / 24.0 | 0.2 / 0.7 / 1.0 / 3.0 | 2,290 "
             "| 3.10 | 0 of 60 | ack_event 55, next_request 3, poll_fallback 2 | 1 / 0 / 0 / 0 |"
             ) in lines
-    (loop,) = [ln for ln in lines if ln.startswith("| 65,536 | loopback (0.02) |")]
+    (loop,) = [ln for ln in lines if ln.startswith("| 65,536 | loopback (0.020) |")]
     assert "| 0.5 / 1.7 / 2.4 / 3.1 | 0.3 / 0.8 / 3.3 / 7.8 | – | – | 0 of 60 |" in loop
     (method,) = [ln for ln in lines if ln.startswith("- **ack**:")]
     assert "40 of them in one node process over 4 keys" in method
