@@ -8,8 +8,8 @@ the commands as they were run.
     bench_report.py RESULTS.jsonl [--meta META.json] [--commands COMMANDS.jsonl]
 
 RESULTS: pl-loadgen's JSON lines with the bench's system and setting, and
-those of bench_modes.py, bench_impaired.py, loadtest/callgrind --json and
-loadtest/syscalls --json.
+those of bench_modes.py, bench_impaired.py, loadtest/callgrind --json,
+loadtest/syscalls --json and loadtest/ack-latency --json.
 META: what the bench knew of the run (command, wall time, commit, machine,
 versions, settings). COMMANDS: one line per command the bench ran, with
 placeholders for ports and pids."""
@@ -26,6 +26,16 @@ MODES = ("written", "confirm")
 CONFIRM_OVER_WRITTEN = 1.10   # confirm's CPU (and instructions) per cycle, at most
 SYSCALLS_SHOWN = 0.01         # system calls per cycle under which a call gets no row
 DELACK_MIN_MS, DELACK_MAX_MS = 40.0, 200.0  # Linux's delayed-ACK timer bounds
+# The real client's cells (ack): up to ACK_NEAR_MS of RTT, a confirmation
+# costs little beside the machine's own noise, so `confirm` is judged against
+# `written` in the same cell (p90 at most ACK_P90_OVER_MS more, p99 at most
+# ACK_P99_OVER_MS more); further away the round trip is the cost, and p90
+# may exceed the cell's measured RTT by ACK_P90_OVER_RTT_MS. A delayed ACK
+# (40 ms or more) misses every one of them.
+ACK_NEAR_MS = 5.0
+ACK_P90_OVER_MS, ACK_P99_OVER_MS, ACK_P90_OVER_RTT_MS = 2.0, 5.0, 5.0
+ACK_METHODS = ("ack_event", "next_request", "next_turn", "poll_fallback", "late_check")
+PROMISE = ("duplicates", "false_received", "true_unreceived", "lost")
 
 
 def get(rec, path):
@@ -436,6 +446,121 @@ def impaired_table(g, out):
     out.append("")
 
 
+# ---- the real client (ack) -------------------------------------------------------------
+
+def ack_cells(g):
+    """loadtest/ack-latency's cells: [(bin, mtu, rtt, {mode: Runs})], by
+    server, MTU (loopback last) and RTT (loopback's "lo" last)."""
+    by = defaultdict(lambda: defaultdict(list))
+    for (sc, _, _), recs in g.items():
+        if sc != "ack":
+            continue
+        for r in recs:
+            by[(r.get("bin", "pilotlight"), r["mtu"], r["rtt"])][r["mode"]].append(r)
+    bins = list(dict.fromkeys(b for b, _, _ in by))
+
+    def order(k):
+        b, mtu, rtt = k
+        return (bins.index(b), rtt == "lo", mtu, math.inf if rtt == "lo" else float(rtt))
+    return [(*k, {m: Runs(v) for m, v in by[k].items()}) for k in sorted(by, key=order)]
+
+
+def ack_rtt(rtt, runs):
+    """A cell's RTT as set on the wire and as the kernel measured it."""
+    measured = runs.median("rtt_ms")
+    digits = 2 if measured >= 0.1 else 3  # loopback's is a few µs
+    return f"{'loopback' if rtt == 'lo' else rtt} ({measured:.{digits}f})"
+
+
+def ack_latency(runs):
+    if runs is None:
+        return "–"
+    return " / ".join(cell(runs, f"{p}_ms", 1) for p in ("p50", "p90", "p99", "max"))
+
+
+def ack_methods(runs):
+    """How `confirm` learnt its ACKs: pilotlight_confirm_method_total's
+    methods that counted any, summed over the runs."""
+    got = [(m, runs.total(f"method.{m}")) for m in ACK_METHODS]
+    return ", ".join(f"{m} {n:,.0f}" for m, n in got if n) or "none"
+
+
+def ack_table(g, out):
+    cells = ack_cells(g)
+    why = skipped(g, "ack")
+    if why:
+        out.append(f"Not run on this machine: {why}.\n")
+    if not cells:
+        return
+    several = len({c[0] for c in cells}) > 1
+    out.extend(head((["server"] if several else []) + [
+        "MTU", "RTT ms (measured)", "`confirm` p50 / p90 / p99 / max ms",
+        "`written` p50 / p90 / p99 / max ms", "bytes per dispatch (`confirm`)",
+        "data segments per dispatch (`confirm`)", "late ACK reports (`confirm`)",
+        "`confirm` learnt its ACKs by", "twice / `false` received / `true` unreceived / lost"]))
+    for b, mtu, rtt, modes in cells:
+        c, w = modes.get("confirm"), modes.get("written")
+        any_runs = c or w
+        line = ([b] if several else []) + [
+            "65,536" if rtt == "lo" else f"{mtu:,}", ack_rtt(rtt, any_runs),
+            ack_latency(c), ack_latency(w),
+            cell(c, "bytes_per_run", 0) if c else "–",
+            cell(c, "segs_per_run", 2) if c else "–",
+            f"{c.total('late_reports'):,.0f} of {c.total('dispatches'):,.0f}" if c else "–",
+            ack_methods(c) if c else "–",
+            " / ".join(f"{sum(r.total(k) for r in modes.values()):,.0f}" for k in PROMISE)]
+        out.append(row(line))
+    out.append("")
+
+
+def ack_targets(g):
+    """The real client's targets: per cell, `confirm`'s tail against
+    `written`'s (near) or against the round trip (far); and the promise
+    over every cell of both modes."""
+    rows, cells = [], ack_cells(g)
+    several = len({c[0] for c in cells}) > 1
+    for b, mtu, rtt, modes in cells:
+        c, w = modes.get("confirm"), modes.get("written")
+        if rtt == "lo" or c is None:
+            continue
+        where = (f"{b}, " if several else "") + f"MTU {mtu:,}, RTT {rtt} ms"
+        nominal = float(rtt)
+        if nominal <= ACK_NEAR_MS:
+            if w is None:
+                continue
+            for p, over in (("p90", ACK_P90_OVER_MS), ("p99", ACK_P99_OVER_MS)):
+                x, y = c.median(f"{p}_ms"), w.median(f"{p}_ms")
+                what = (f"Trigger.dev's client: `confirm` {p} ≤ `written` {p} + {over:g} ms, "
+                        f"{where}")
+                if x is None or y is None:
+                    rows.append((what, "no answers", verdict(False)))
+                    continue
+                rows.append((what, f"{x:.1f} ms vs {y:.1f} + {over:g} = {y + over:.1f} ms",
+                             verdict(x <= y + over)))
+        else:
+            x, measured = c.median("p90_ms"), c.median("rtt_ms")
+            what = (f"Trigger.dev's client: `confirm` p90 ≤ the measured RTT + "
+                    f"{ACK_P90_OVER_RTT_MS:g} ms, {where}")
+            if x is None:
+                rows.append((what, "no answers", verdict(False)))
+                continue
+            bound = measured + ACK_P90_OVER_RTT_MS
+            rows.append((what, f"{x:.1f} ms vs {measured:.1f} + {ACK_P90_OVER_RTT_MS:g} = "
+                         f"{bound:.1f} ms", verdict(x <= bound)))
+    if cells:
+        runs = [r for *_, modes in cells for r in modes.values()]
+        bad = sum(r.total(k) for r in runs for k in PROMISE)
+        n = sum(r.total("dispatches") for r in runs)
+        rows.append(("Trigger.dev's client, every MTU and RTT and loopback, both modes: no run "
+                     "received twice, no `false` for a received run, no `true` for a run nobody "
+                     "received, none lost",
+                     f"{bad:.0f} such runs of {n:,.0f} ({len(runs)} cells)", verdict(bad == 0)))
+    elif skipped(g, "ack"):
+        rows.append(("Trigger.dev's client: `confirm` p90 and p99 against `written` and the RTT",
+                     "not measured (see *Dispatch latency with Trigger.dev's client*)", "–"))
+    return rows
+
+
 # ---- targets ---------------------------------------------------------------------------
 
 def targets(g, meta):
@@ -552,6 +677,7 @@ def targets(g, meta):
     elif skipped(g, "impaired"):
         rows.append(("`confirm` dispatch latency p50 ≤ one RTT + the peer's delayed ACK",
                      "not measured (see *Dispatch latency at a distance*)", "–"))
+    rows += ack_targets(g)
     return rows
 
 
@@ -624,6 +750,21 @@ def results(g, meta, out):
                    "its answer read, over every answer; the last four columns count what "
                    "would break the delivery promise.\n")
         impaired_table(g, out)
+    if ack_cells(g) or skipped(g, "ack"):
+        out.append("### Dispatch latency with Trigger.dev's client\n")
+        out.append("Trigger.dev's `WarmStartClient` as every controller, across a wire of each "
+                   "MTU and RTT and over loopback: how long a dispatch waits for its answer "
+                   "when `confirm` waits for the controller's kernel to acknowledge the run "
+                   "(and when `written` does not), what crossed the wire per dispatch both ways "
+                   "(polls and answers included), how many ACK reports came later than the RTT "
+                   "+ 20 ms (a delayed ACK), and how each ACK was learnt "
+                   "(`pilotlight_confirm_method_total`: `ack_event`, the kernel's ACK report; "
+                   "`next_request`, the controller's next request carried it; `next_turn`, a "
+                   "look at the send queue on a busy loop's next turn; `poll_fallback`, a look "
+                   "where the kernel refused reports; `late_check`, a look once the ACK was "
+                   "late). The last column counts what would break the delivery promise, both "
+                   "modes.\n")
+        ack_table(g, out)
     for title, keys in (("Parked polls", ["idle"]), ("Churn", ["churn"]),
                         ("Scale", ["scale99", "scale50"])):
         if any(settings_of(g, TABLES[k][0], TABLES[k][1]) for k in keys):
@@ -639,8 +780,11 @@ def method(meta, commands, out):
         x = str(s.get(name, default))
         return f"{int(x):,}" if x.isdigit() else x
 
-    rtts = v("IMPAIR_RTTS").split(",")
-    rtts = ", ".join(rtts[:-1]) + " and " + rtts[-1] if len(rtts) > 1 else rtts[0]
+    def listed(name):
+        x = [f"{int(i):,}" if i.isdigit() else i for i in v(name).split(",")]
+        return ", ".join(x[:-1]) + " and " + x[-1] if len(x) > 1 else x[0]
+
+    rtts = listed("IMPAIR_RTTS")
     out.append("## Method\n")
     out.append(
         f"- **Build.** `deploy/build.sh build-bench`, as the README builds pilotlight: release, "
@@ -650,7 +794,7 @@ def method(meta, commands, out):
         f"- **Pinning.** One system at a time, each server under `taskset -c 0`, the generator "
         f"(`pl-loadgen`, or `wrk`) under `taskset -c 1`, a fresh port for every server.\n"
         f"- **Runs.** cycle, idle, churn and scale run {meta.get('runs', '?')} times per system "
-        f"and setting (instructions, syscalls and impaired: rounds, below); "
+        f"and setting (instructions, syscalls, impaired and ack: rounds, below); "
         f"a cell is the median over the runs with min–max in brackets, and ratios are of "
         f"medians. cycle and scale keep one server per system, after a warm-up run, and warm up "
         f"1 s inside each run; idle and churn start a fresh server for each run.\n"
@@ -721,6 +865,28 @@ def method(meta, commands, out):
         f"rounds: {v('IMPAIR_RUNS')}. Not pinned: the wire's delay, not the CPU, sets these "
         f"figures. The target's allowance for the peer's delayed ACK is Linux's: at least "
         f"40 ms, at most 200 ms, and the path's RTT in between.\n"
+        f"- **ack**: `loadtest/ack-latency` on the same harness, with Trigger.dev's "
+        f"`WarmStartClient` (`@trigger.dev/core`, `tests/compat/controllers.mjs`) as every "
+        f"controller: 40 of them in one node process over 4 keys, each working 0.5–1.5 s after "
+        f"a run before it polls again, joined to pilotlight by `pl-wire` with half the RTT "
+        f"each way, a jitter of RTT/40 and the cell's MTU on both ends; MTU "
+        f"{listed('ACK_MTUS')} × RTT {listed('ACK_RTTS')} ms, and the same fleet over "
+        f"pilotlight's loopback (MTU 65,536). Per cell and mode a fresh pilotlight and "
+        f"{v('ACK_DISPATCHES')} runs dispatched open loop at {v('ACK_RATE')}/s; one round. "
+        f"The fleet is one process because its 40 clients then share one connection pool, "
+        f"and a poll now and then leaves on a connection that delivered a run within the "
+        f"last 40 ms: that puts the connection's receiving kernel in Linux's ping-pong mode, "
+        f"where it holds the ACK of a one-segment answer until its delayed-ACK timer fires. "
+        f"A controller per process, as run controllers are deployed, never did that in the "
+        f"harness; the shared pool is the case `confirm` must handle "
+        f"([notes/2026-12-05-soliciting-the-ack.md](notes/2026-12-05-soliciting-the-ack.md))"
+        f". Bytes and data segments: IP bytes "
+        f"and TCP segments carrying data, both ways, counted by `pl-wire`, over the "
+        f"dispatches; a late ACK report comes more than the RTT + 20 ms after the write; how "
+        f"each ACK was learnt: `pilotlight_confirm_method_total`. Not pinned. Up to "
+        f"{ACK_NEAR_MS:g} ms of RTT, `confirm` is judged against `written` in the same cell; "
+        f"further, against the cell's RTT as the kernel measured it over a handshake; "
+        f"loopback is shown, not judged.\n"
         f"- **modes**: two pilotlights share CPU 0, each under its own pl-loadgen on CPU 1, in "
         f"opposite delivery modes; every {v('MODE_SECS')} s, for {v('MODE_SLICES')} slices, "
         f"`loadtest/bench_modes.py` rewrites both configs and sends SIGHUP, swapping the roles "

@@ -231,10 +231,11 @@ def test_bench_report_writes_the_whole_page(start_server, tmp_path):
     with their verdicts, the tables and the method with the commands run.
     From real pl-loadgen lines of pilotlight in each delivery mode (the
     default, confirm, labelled plain `pilotlight`, as the bench runs it) and
-    hand-made lines of the instructions, syscalls and impaired scenarios, it
-    judges confirm against written and the latency allowance per RTT, puts
-    the system calls beside them unjudged, says a quick run is one, and
-    stays within the page's length and wording rules."""
+    hand-made lines of the instructions, syscalls, impaired and ack
+    scenarios, it judges confirm against written and the latency allowance
+    per RTT, the real client's cells against written near and against the
+    RTT far, puts the system calls beside them unjudged, says a quick run is
+    one, and stays within the page's length and wording rules."""
     recs = []
     for system, flags in (("pilotlight-written", ("--delivery", "written")), ("pilotlight", ())):
         srv = start_server(*flags)
@@ -261,17 +262,52 @@ def test_bench_report_writes_the_whole_page(start_server, tmp_path):
                          "p90_ms": 2 * p50, "p99_ms": 3 * p50, "lost": 0,
                          "duplicates": 1 if (rtt, mode) == (200, "written") else 0,
                          "false_received": 0, "true_unreceived": 0})
+    # loadtest/ack-latency --json: near cells judged against written (one
+    # within both margins, one with delayed ACKs), a far one against its
+    # measured RTT, loopback shown only; a written run received twice.
+    ack = {("1500", "0.2"): (0.31, (0.4, 2.5, 4.0, 5.0), (0.3, 0.6, 1.2, 3.0)),
+           ("9001", "1"): (1.12, (1.8, 44.0, 60.1, 80.0), (0.3, 0.6, 6.3, 7.4)),
+           ("1500", "20"): (20.8, (21.4, 21.9, 23.0, 24.0), (0.2, 0.7, 1.0, 3.0)),
+           ("65536", "lo"): (0.02, (0.5, 1.7, 2.4, 3.1), (0.3, 0.8, 3.3, 7.8))}
+    for (mtu, rtt), (measured, conf, writ) in ack.items():
+        for mode, ps in (("confirm", conf), ("written", writ)):
+            loop = rtt == "lo"
+            recs.append({"scenario": "ack", "setting": f"mtu{mtu}_rtt{rtt}",
+                         "system": f"pilotlight-{mode}", "bin": "pilotlight", "mtu": int(mtu),
+                         "rtt": rtt, "mode": mode, "rtt_ms": measured,
+                         "rtt_nominal_ms": None if loop else float(rtt), "payload_bytes": 1294,
+                         "rate": 15.0, "wall_s": 6.5, "dispatches": 60, "true": 60, "false": 0,
+                         "errors": 0, "p50_ms": ps[0], "p90_ms": ps[1], "p99_ms": ps[2],
+                         "max_ms": ps[3], "lost": 0, "false_received": 0, "true_unreceived": 0,
+                         "duplicates": 1 if (rtt, mode) == ("20", "written") else 0,
+                         "bytes_per_run": None if loop else 2290 if mode == "confirm" else 2230,
+                         "segs_per_run": None if loop else 3.1 if mode == "confirm" else 2.4,
+                         "acks_per_run": None if loop else 3.0,
+                         "method": {"ack_event": 55 if mode == "confirm" else 0,
+                                    "next_request": 3 if mode == "confirm" else 0,
+                                    "next_turn": 0, "late_check": 0,
+                                    "poll_fallback": 2 if mode == "confirm" else 0},
+                         "late_reports": 9 if (mtu, mode) == ("9001", "confirm") else 0,
+                         "dispatch": {"hit": 60}, "confirm": {"acked": 60} if mode == "confirm"
+                         else {}})
     results = tmp_path / "results.jsonl"
     results.write_text("".join(json.dumps(r) + "\n" for r in recs))
     meta = tmp_path / "meta.json"
     meta.write_text(json.dumps({"quick": "1", "default_delivery": "confirm", "runs": "1",
                                 "command": "loadtest/bench --quick", "wall_s": "75",
                                 "commit": "0123456789ab", "dirty": "0",
-                                "settings": {"RATE": "400", "IMPAIR_RTTS": "20,200"}}))
+                                "settings": {"RATE": "400", "IMPAIR_RTTS": "20,200",
+                                             "ACK_RTTS": "0.2,1,20", "ACK_MTUS": "1500,9001",
+                                             "ACK_DISPATCHES": "60", "ACK_RATE": "15"}}))
     server_cmd = "taskset -c 0 build-bench/pilotlight --listen 127.0.0.1:PORT --log-level warn"
+    ack_cmd = ("/usr/bin/python3 loadtest/ack-latency --json --loopback --bin "
+               "pilotlight=build-bench/pilotlight --rtts 0.2,1,20 --mtus 1500,9001 "
+               "--dispatches 60 --rate 15")
     commands = tmp_path / "commands.jsonl"
     commands.write_text(json.dumps({"scenario": "server", "setting": "-",
-                                    "system": "pilotlight", "cmd": server_cmd}) + "\n")
+                                    "system": "pilotlight", "cmd": server_cmd}) + "\n" +
+                        json.dumps({"scenario": "ack", "setting": "-",
+                                    "system": "pilotlight", "cmd": ack_cmd}) + "\n")
     import sys
     p = subprocess.run([sys.executable, str(REPO_ROOT / "loadtest" / "bench_report.py"),
                         str(results), "--meta", str(meta), "--commands", str(commands)],
@@ -303,8 +339,54 @@ def test_bench_report_writes_the_whole_page(start_server, tmp_path):
     assert target(latency + "200 ms") == ("450.0 ms vs 401 ms", "**missed**")
     (promise,) = [ln for ln in lines if ln.startswith("| impaired network, both modes")]
     assert "1 such runs of 240" in promise and "**missed**" in promise
+
+    real = "Trigger.dev's client: `confirm` "
+    assert target(real + "p90 ≤ `written` p90 + 2 ms, MTU 1,500, RTT 0.2 ms") == (
+        "2.5 ms vs 0.6 + 2 = 2.6 ms", "met")
+    assert target(real + "p99 ≤ `written` p99 + 5 ms, MTU 1,500, RTT 0.2 ms") == (
+        "4.0 ms vs 1.2 + 5 = 6.2 ms", "met")
+    assert target(real + "p90 ≤ `written` p90 + 2 ms, MTU 9,001, RTT 1 ms") == (
+        "44.0 ms vs 0.6 + 2 = 2.6 ms", "**missed**")
+    assert target(real + "p99 ≤ `written` p99 + 5 ms, MTU 9,001, RTT 1 ms") == (
+        "60.1 ms vs 6.3 + 5 = 11.3 ms", "**missed**")
+    assert target(real + "p90 ≤ the measured RTT + 5 ms, MTU 1,500, RTT 20 ms") == (
+        "21.9 ms vs 20.8 + 5 = 25.8 ms", "met")
+    assert not [ln for ln in lines if ln.startswith("| " + real) and "lo" in ln.split("|")[1]]
+    (promise,) = [ln for ln in lines if ln.startswith("| Trigger.dev's client, every MTU")]
+    assert "1 such runs of 480 (8 cells)" in promise and "**missed**" in promise
+    assert "### Dispatch latency with Trigger.dev's client" in lines
+    assert ("| 1,500 | 0.2 (0.31) | 0.4 / 2.5 / 4.0 / 5.0 | 0.3 / 0.6 / 1.2 / 3.0 | 2,290 | 3.10 "
+            "| 0 of 60 | ack_event 55, next_request 3, poll_fallback 2 | 0 / 0 / 0 / 0 |") in lines
+    assert ("| 9,001 | 1 (1.12) | 1.8 / 44.0 / 60.1 / 80.0 | 0.3 / 0.6 / 6.3 / 7.4 | 2,290 | 3.10 "
+            "| 9 of 60 | ack_event 55, next_request 3, poll_fallback 2 | 0 / 0 / 0 / 0 |") in lines
+    assert ("| 1,500 | 20 (20.80) | 21.4 / 21.9 / 23.0 / 24.0 | 0.2 / 0.7 / 1.0 / 3.0 | 2,290 "
+            "| 3.10 | 0 of 60 | ack_event 55, next_request 3, poll_fallback 2 | 1 / 0 / 0 / 0 |"
+            ) in lines
+    (loop,) = [ln for ln in lines if ln.startswith("| 65,536 | loopback (0.020) |")]
+    assert "| 0.5 / 1.7 / 2.4 / 3.1 | 0.3 / 0.8 / 3.3 / 7.8 | – | – | 0 of 60 |" in loop
+    (method,) = [ln for ln in lines if ln.startswith("- **ack**:")]
+    assert "40 of them in one node process over 4 keys" in method
+    assert "MTU 1,500 and 9,001 × RTT 0.2, 1 and 20 ms" in method and "60 runs" in method
+    assert lines.index("# ack") + 1 == lines.index(ack_cmd)
     assert len(lines) <= 300
     assert not PROCESS_WORDS.search(page), PROCESS_WORDS.search(page)
+
+
+def test_bench_report_says_the_real_client_was_not_run():
+    """Where loadtest/ack-latency could not run (no root, no namespaces, no
+    node), its "skipped" line puts the reason in the page and a target row
+    that judges nothing."""
+    import sys
+    sys.path.insert(0, str(REPO_ROOT / "loadtest"))
+    import bench_report
+    g = bench_report.group([{"scenario": "skipped", "setting": "ack",
+                             "why": "network namespaces and /dev/net/tun need root"}])
+    out = []
+    bench_report.results(g, {}, out)
+    assert "### Dispatch latency with Trigger.dev's client\n" in out, out
+    assert "Not run on this machine: network namespaces and /dev/net/tun need root.\n" in out
+    (row,) = [t for t in bench_report.targets(g, {}) if t[0].startswith("Trigger.dev's client")]
+    assert row[1].startswith("not measured") and row[2] == "–", row
 
 
 def test_bench_impaired_measures_both_modes_at_a_distance():
