@@ -14,6 +14,7 @@ build_pkgs="build-essential meson ninja-build pkg-config libuv1-dev libcjson-dev
 test_pkgs="python3 python3-pytest python3-yaml clang libclang-rt-dev valgrind iproute2 nftables haproxy yamllint systemd docker-compose prometheus chromium"
 test_pkgs="$test_pkgs libjansson-dev" # the dispatch fuzzer's strict JSON oracle
 test_pkgs="$test_pkgs strace" # loadtest/syscalls: system calls per match cycle
+test_pkgs="$test_pkgs python3-pytest-xdist" # the valgrind pass, one server per core
 [ "${1:-}" = "--test" ] && pkgs="$build_pkgs $test_pkgs" || pkgs="$build_pkgs"
 
 missing=""

@@ -152,7 +152,10 @@ def test_reset_with_the_payload_partly_unsent_is_not_delivered(start_server, pad
     assert r.status == 200 and r.json() == {"didWarmStart": False}, r
     m = srv.metrics()
     assert m.get("pilotlight_confirm_total", outcome="unsent") == 1, m.text
-    assert m.dispatched("miss") == 1 and m.settled("disconnect") == 1, m.text
+    # the poll ended once: by the reset, or by the broker giving up on a
+    # socket that stopped taking bytes, whichever it saw first
+    assert m.dispatched("miss") == 1, m.text
+    assert m.settled("disconnect") + m.settled("aborted") == 1, m.text
     # the broker is unharmed: the next run is delivered
     w = srv.park()
     assert srv.dispatch(EXAMPLE) is True
