@@ -107,7 +107,8 @@ def test_fleet_and_dispatches_as_the_figures_are_about(sequence):
     quiet window found its poll, and the real client took part."""
     b, a = sequence["baseline"], sequence["all"]
     assert b["dispatches"] >= 100 and b["misses"] == 0, ring_lab.describe(sequence)
-    assert a["dispatches"] >= 500, ring_lab.describe(sequence)
+    # 60/s over the baseline's 3 s and a 5 s window at least
+    assert a["dispatches"] >= 400, ring_lab.describe(sequence)
     assert sequence["owner_model"][1] == 0, "ring_lab's owner() disagrees with the redirects"
     assert not sequence["sanitizer_reports"], "\n".join(sequence["sanitizer_reports"])
 
