@@ -32,6 +32,18 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 BIN = os.environ.get("PILOTLIGHT_BIN", str(REPO_ROOT / "build" / "pilotlight"))
 HOST = "127.0.0.1"
 
+
+def built_shim(name):
+    """The path of tests/<name>, an LD_PRELOAD shim tests/meson.build builds
+    beside the binary under test (under valgrind, beside the real one), or
+    in build/."""
+    real = os.environ.get("PL_VALGRIND_BIN", BIN)
+    for d in (Path(real).resolve().parent, REPO_ROOT / "build"):
+        p = d / "tests" / name
+        if p.is_file():
+            return str(p)
+    pytest.fail(f"tests/{name} not built (ninja -C build)")
+
 # Sockets and servers get generous bounds: the suite also runs under ASan.
 IO_TIMEOUT = 5.0
 START_TIMEOUT = 10.0

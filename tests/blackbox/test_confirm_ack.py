@@ -4,23 +4,17 @@ polling: the method counters say which path confirmed each delivery."""
 import json
 import os
 import time
-from pathlib import Path
 
 import pytest
 
-from conftest import BIN, REPO_ROOT, build_request, make_message, poll_headers, read_payload
+from conftest import build_request, built_shim, make_message, poll_headers, read_payload
 from test_faults import cpu_seconds
 
 
 def no_ack_shim():
     """The LD_PRELOAD shim that makes SO_TIMESTAMPING fail, built beside the
     binary under test (tests/meson.build)."""
-    real = os.environ.get("PL_VALGRIND_BIN", BIN)
-    for d in (Path(real).resolve().parent, REPO_ROOT / "build"):
-        p = d / "tests" / "pl-no-ack-reports.so"
-        if p.is_file():
-            return str(p)
-    pytest.fail("tests/pl-no-ack-reports.so not built (ninja -C build)")
+    return built_shim("pl-no-ack-reports.so")
 
 
 def shim_env(**extra):

@@ -14,7 +14,6 @@ how exactly each ACK is learnt is the record machine's unit test
 (tests/unit/test_confirm.c)."""
 import json
 import socket
-import time
 
 from conftest import Conn, make_message, poll_headers, read_payload
 from test_confirm_ack import shim_env

@@ -21,12 +21,11 @@ import socket
 import subprocess
 import time
 
-from pathlib import Path
 
 import pytest
 
-from conftest import (BIN, HOST, REPO_ROOT, Conn, build_request, clean_env, get, json_lines, make_message,
-                      poll_headers, read_payload, run_binary)
+from conftest import (BIN, HOST, Conn, build_request, built_shim, clean_env, get,
+                      make_message, poll_headers, read_payload, run_binary)
 from test_identity import dispatch_port_of
 
 
@@ -169,12 +168,7 @@ def slow_start_shim():
     """The LD_PRELOAD shim that makes the start wait 300 ms at a point
     after pilotlight's first instruction, before its signal handlers exist
     (tests/fault/slow_start.c), built beside the binary under test."""
-    real = os.environ.get("PL_VALGRIND_BIN", BIN)
-    for d in (Path(real).resolve().parent, REPO_ROOT / "build"):
-        p = d / "tests" / "pl-slow-start.so"
-        if p.is_file():
-            return str(p)
-    pytest.fail("tests/pl-slow-start.so not built (ninja -C build)")
+    return built_shim("pl-slow-start.so")
 
 
 def signals_blocked(pid, timeout=5.0):

@@ -12,8 +12,6 @@ import json
 import socket
 import time
 
-import pytest
-
 from conftest import Conn, make_message, poll_headers
 from test_confirm_lifecycle import pending_delivery
 from test_faults import BIG_BODY_LIMIT
