@@ -44,6 +44,7 @@ def built_shim(name):
             return str(p)
     pytest.fail(f"tests/{name} not built (ninja -C build)")
 
+
 # Sockets and servers get generous bounds: the suite also runs under ASan.
 IO_TIMEOUT = 5.0
 START_TIMEOUT = 10.0

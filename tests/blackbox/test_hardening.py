@@ -21,7 +21,6 @@ import socket
 import subprocess
 import time
 
-
 import pytest
 
 from conftest import (BIN, HOST, Conn, build_request, built_shim, clean_env, get,
