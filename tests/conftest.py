@@ -31,6 +31,9 @@ import impair  # noqa: E402  standard library only: namespaces, limits
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BIN = os.environ.get("PILOTLIGHT_BIN", str(REPO_ROOT / "build" / "pilotlight"))
 HOST = "127.0.0.1"
+# The black-box suite's valgrind pass (tests/run.sh) sets this: the server
+# runs 20-50 times slower under tests/harness/valgrind-wrap.sh.
+UNDER_VALGRIND = bool(os.environ.get("PL_VALGRIND_BIN"))
 
 
 def built_shim(name):

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from conftest import run_binary
+from conftest import UNDER_VALGRIND, run_binary
 
 
 def shows(output, name, value):
@@ -188,7 +188,7 @@ def hostile_path(kind, tmp_path):
 HOSTILE = ["fifo", "dev-zero", "directory", "two-mib", "long-line"]
 # Refused at once: within a second (under valgrind, whose start and exit
 # alone take about that, within ten; what blocks would block for ever).
-AT_ONCE = 10.0 if os.environ.get("PL_VALGRIND_BIN") else 1.0
+AT_ONCE = 10.0 if UNDER_VALGRIND else 1.0
 
 
 @pytest.mark.parametrize("check", [False, True], ids=["start", "check-config"])

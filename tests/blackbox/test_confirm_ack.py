@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from conftest import build_request, built_shim, make_message, poll_headers, read_payload
+from conftest import (UNDER_VALGRIND, build_request, built_shim, make_message, poll_headers,
+                      read_payload)
 from test_faults import cpu_seconds
 
 
@@ -141,7 +142,7 @@ def test_busy_broker_looks_for_the_ack_itself(start_server):
     silent controller is confirmed by that look, next_turn, not by a
     report. Not under valgrind: a server run 20-50 times slower takes more
     than 500 us over each dispatch, is never busy, and asks its reports."""
-    if os.environ.get("PL_VALGRIND_BIN"):
+    if UNDER_VALGRIND:
         pytest.skip("under valgrind no broker takes a dispatch each 500 us")
     srv = start_server("--delivery", "confirm")
     ctl = srv.park(controller_id="ctl_swept")

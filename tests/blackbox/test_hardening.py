@@ -23,8 +23,8 @@ import time
 
 import pytest
 
-from conftest import (BIN, HOST, Conn, build_request, built_shim, clean_env, get,
-                      make_message, poll_headers, read_payload, run_binary)
+from conftest import (BIN, HOST, UNDER_VALGRIND, Conn, build_request, built_shim, clean_env,
+                      get, make_message, poll_headers, read_payload, run_binary)
 from test_identity import dispatch_port_of
 
 
@@ -191,7 +191,7 @@ def test_a_sighup_storm_at_start_kills_no_start(tmp_path):
     """SIGHUP every millisecond while the process starts (made slow, so
     the signals land before its handlers exist): each of six starts reaches
     "listening", and the reload is done after."""
-    if "valgrind" in os.path.basename(BIN):
+    if UNDER_VALGRIND:
         pytest.skip("under valgrind the signals land while valgrind starts, before the "
                     "program's first instruction, where no program can hold them")
     conf = tmp_path / "p.conf"

@@ -18,11 +18,11 @@ import time
 
 import pytest
 
-from conftest import (BIN, HOST, Conn, assert_ledger, check_sanitizers, clean_env, key_of,
-                      make_message, poll_headers, request, scrape, wait_metrics)
+from conftest import (BIN, HOST, UNDER_VALGRIND, Conn, assert_ledger, check_sanitizers,
+                      clean_env, key_of, make_message, poll_headers, request, scrape,
+                      wait_metrics)
 from test_scale import open_polls
 
-UNDER_VALGRIND = bool(os.environ.get("PL_VALGRIND_BIN"))
 # valgrind runs the server some 20-50 times slower: fewer polls, same keys.
 N_KEYS, PER_KEY = (100, 5) if UNDER_VALGRIND else (100, 50)
 
@@ -383,8 +383,9 @@ def timed(fn):
 def test_a_new_process_that_misses_a_step_never_stops_the_old_one(start_server, tmp_path,
                                                                    mode, parked):
     """The old process serves throughout (each request answered within
-    PROMPT, well inside the step it waits for), abandons the upgrade within the bound, kills the new process,
-    and still serves every poll parked before. The socket the new process
+    PROMPT, well inside the step it waits for), abandons the upgrade within
+    the bound, kills the new process, and still serves every poll parked
+    before. The socket the new process
     does not read fills with 2,000 polls' records (net.unix.max_dgram_qlen
     messages): then the bound is on taking in the state."""
     marker = tmp_path / "marker"
