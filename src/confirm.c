@@ -29,8 +29,11 @@
 
 /* A controller whose ACK came with its next request is asked for its ACK
  * only once that request is this late, then each time its wait has
- * doubled: a prompt one costs no system call, a stalled crowd few. */
-#define RIDE_MS 10
+ * doubled: a prompt one costs no system call, a stalled crowd few. Short,
+ * as a ride can be a coincidence (a pooled client's other poll on the
+ * connection): its run was solicited, so its ACK left as it was read, and
+ * the first look finds it. */
+#define RIDE_MS 3
 
 /* A busy broker looks for a controller's ACK itself on the loop's next
  * turns (SIOCOUTQ) instead of asking the kernel for a report: a report
@@ -791,9 +794,10 @@ void pl_confirm_writing(pl_confirm *cf, pl_conn *c)
     /* A peer that may be in ping-pong mode ACKs a run of one segment only
      * when its delayed-ACK timer fires: the run goes as two segments, which
      * it ACKs as it reads (docs/notes/2026-12-05-soliciting-the-ack.md).
-     * Not where the ACK rides the next request: it comes with that, and an
-     * answer ACKed as it is read would end the riding. */
-    if (sw != SW_RIDE && (r & PL_CONN_PEER_QUICK))
+     * Riding ones too: their next request confirms the run as before, and
+     * where that request does not come (the ride was a coincidence), the
+     * first look finds the ACK, not a delayed-ACK timer 40 ms later. */
+    if (r & PL_CONN_PEER_QUICK)
         cf->io->set_reports(c, sw | PL_CONN_SOLICIT);
     else if (sw != (r & 3))
         cf->io->set_reports(c, sw);

@@ -496,8 +496,9 @@ static void test_closed_under_it(void)
 }
 
 /* A peer that may be in ping-pong mode has its run written so that it
- * ACKs at once (PL_CONN_SOLICIT); one whose ACKs ride its next request, or
- * that never replied quickly, has not. */
+ * ACKs at once (PL_CONN_SOLICIT), one whose ACKs ride its next request
+ * too (without a report: the request, or the first look, confirms it);
+ * one that never replied quickly has not. */
 static void test_solicit(void)
 {
     setup(1);
@@ -515,10 +516,18 @@ static void test_solicit(void)
     event(c, PL_CONN_EV_ACKED, 1);     /* it came with a request: rides */
     park(c, "a");
     dispatch(d);
-    CHECK_EQ(c->solicited, 1);
+    CHECK(c->solicited == 2 && !c->due); /* solicited, not reported */
     c->unacked = 0;
     event(c, PL_CONN_EV_DATA, 0);
     CHECK(answers == 3 && last_result == PL_DISPATCH_HIT);
+    CHECK_EQ(counters.method[PL_CONFIRM_BY_NEXT_REQUEST], 1);
+    park(c, "a");
+    dispatch(d);                       /* riding, and no request comes */
+    CHECK(c->solicited == 3 && !c->due);
+    c->unacked = 0;                    /* its ACK left as it read */
+    advance(3);
+    CHECK(answers == 4 && last_result == PL_DISPATCH_HIT); /* the first look */
+    CHECK_EQ(counters.method[PL_CONFIRM_BY_POLL], 1);
     teardown();
     setup(0); /* written: never */
     c = conn_new();
