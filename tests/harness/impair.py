@@ -66,12 +66,15 @@ def raise_fd_limit(want=8192):
 PR_SET_PDEATHSIG = 1
 
 
-def child_in(ns):
+def child_in(ns, idle=False):
     """A preexec_fn: the child runs in <ns> and is killed if the thread that
-    started it dies, so nothing outlives a test run that was killed."""
+    started it dies, so nothing outlives a test run that was killed.
+    <idle>: it runs under SCHED_IDLE (see run_cell's <apart>)."""
     def setup():
         _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         enter(ns)
+        if idle:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     return setup
 
 
@@ -190,6 +193,17 @@ class Wire:
 
     def stats(self):
         return {k: int(v) for k, v in (f.split("=") for f in self.cmd("stats").split())}
+
+    def realtime(self, on):
+        """Runs the wire under SCHED_FIFO (<on>) or as an ordinary process.
+        Returns whether the policy asked for holds (setting it needs root
+        or CAP_SYS_NICE)."""
+        policy, prio = (os.SCHED_FIFO, 1) if on else (os.SCHED_OTHER, 0)
+        try:
+            os.sched_setscheduler(self.proc.pid, policy, os.sched_param(prio))
+        except OSError:
+            return False
+        return True
 
     def close(self):
         """Ends the wire; raises if it left a sanitizer report (an ASan
@@ -316,12 +330,16 @@ class Capture:
 
         TIME SRC:PORT > DST:PORT FLAGS seq=N ack=N len=N
 
-    (TIME: seconds, CLOCK_REALTIME; FLAGS from F S R P . as set)."""
+    (TIME: seconds, CLOCK_REALTIME, as the kernel stamped the packet, not
+    when this thread got to it; FLAGS from F S R P . as set)."""
+
+    SO_TIMESTAMPNS = 35  # <asm-generic/socket.h>; not in the socket module
 
     def __init__(self, ns, dev, path):
         self.sock = in_ns(ns, lambda: socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM,
                                                     socket.htons(0x0003)))
         self.sock.bind((dev, 0))
+        self.sock.setsockopt(socket.SOL_SOCKET, self.SO_TIMESTAMPNS, 1)
         self.sock.settimeout(0.2)
         self.out = open(path, "w")
         self.running = True
@@ -331,12 +349,16 @@ class Capture:
     def _run(self):
         while self.running:
             try:
-                data = self.sock.recv(65535)
+                data, anc, _, _ = self.sock.recvmsg(65535, socket.CMSG_SPACE(16))
             except socket.timeout:
                 continue
             except OSError:
                 break
             t = time.time()
+            for level, kind, value in anc:
+                if level == socket.SOL_SOCKET and kind == self.SO_TIMESTAMPNS and len(value) >= 16:
+                    sec, nsec = struct.unpack("qq", value[:16])
+                    t = sec + nsec / 1e9
             if len(data) < 40 or data[0] >> 4 != 4 or data[9] != socket.IPPROTO_TCP:
                 continue
             ihl, total = (data[0] & 15) * 4, struct.unpack("!H", data[2:4])[0]
@@ -445,7 +467,8 @@ def ns_request(ns, port, raw, timeout=10):
 class Dispatcher:
     """Dispatches from inside the server namespace, open loop: run i leaves
     at start + i / rate whatever became of the earlier ones, as dequeued
-    runs do. Each worker keeps its connection (a supervisor's pool does)."""
+    runs do. Each worker keeps its connection to each server (a
+    supervisor's pool does); <port> is the server a job names none of."""
 
     def __init__(self, ns, port, workers=48, timeout=60):
         self.ns, self.port, self.timeout = ns, port, timeout
@@ -458,42 +481,43 @@ class Dispatcher:
 
     def _work(self):
         enter(self.ns)
-        sock, buf = None, b""
+        conns = {}  # port -> [socket, bytes read past the last answer]
         while True:
             job = self.jobs.get()
             if job is None:
                 break
-            run_id, raw = job
+            run_id, raw, port = job
             t0 = time.monotonic()
             answer, err = None, None
             try:
-                if sock is None:
-                    sock, buf = socket.create_connection(("127.0.0.1", self.port),
-                                                         timeout=self.timeout), b""
-                sock.sendall(raw)
-                status, body, buf = read_response(sock, buf)
+                if port not in conns:
+                    conns[port] = [socket.create_connection(("127.0.0.1", port),
+                                                            timeout=self.timeout), b""]
+                conn = conns[port]
+                conn[0].sendall(raw)
+                status, body, conn[1] = read_response(conn[0], conn[1])
                 answer = answer_of(status, body)
                 if answer is None:
                     err = f"status {status} body {body[:200]!r}"
             except (OSError, Closed) as e:
                 err = repr(e)
-                if sock is not None:
-                    sock.close()
-                sock = None
+                if port in conns:
+                    conns.pop(port)[0].close()
             with self.lock:
                 self.results[run_id] = (answer, time.monotonic() - t0, err)
-        if sock is not None:
+        for sock, _ in conns.values():
             sock.close()
 
     def run(self, jobs, rate):
-        """Sends [(run_id, message)] at <rate> a second; returns once every
-        one is answered (or failed), with self.results filled in."""
+        """Sends [(run_id, message)] or [(run_id, message, port)] at <rate>
+        a second; returns once every one is answered (or failed), with
+        self.results filled in."""
         start = time.monotonic()
-        for i, (run_id, message) in enumerate(jobs):
+        for i, (run_id, message, *port) in enumerate(jobs):
             delay = start + i / rate - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
-            self.jobs.put((run_id, dispatch_body(message)))
+            self.jobs.put((run_id, dispatch_body(message), port[0] if port else self.port))
         deadline = time.monotonic() + self.timeout
         while time.monotonic() < deadline:
             with self.lock:
@@ -536,11 +560,11 @@ class ControllerProcess:
     """A process of controllers inside C; collects the JSON lines it prints
     (receipts and other events) as they come."""
 
-    def __init__(self, ns, argv):
+    def __init__(self, ns, argv, idle=False):
         self.events = []
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, bufsize=1,
-                                     preexec_fn=child_in(ns))
+                                     preexec_fn=child_in(ns, idle))
         self.stderr_tail = []
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
@@ -571,25 +595,27 @@ class ControllerProcess:
         self.err_reader.join(5)
 
 
-def raw_controllers(ns, port, controllers, work_ms, seed, max_runtime_s=300, host=SRV_IP):
+def raw_controllers(ns, port, controllers, work_ms, seed, max_runtime_s=300, host=SRV_IP,
+                    idle=False):
     """Our own controllers ("keep" and "close"), one thread each, in <ns>
-    (C), talking to <host>."""
+    (C), talking to <host>; <idle>: under SCHED_IDLE."""
     spec = {"host": host, "port": port, "controllers": controllers,
             "work_ms": work_ms, "seed": seed, "max_runtime_s": max_runtime_s}
     return ControllerProcess(ns, [sys.executable, str(Path(__file__).resolve()),
-                                  "controllers", json.dumps(spec)])
+                                  "controllers", json.dumps(spec)], idle=idle)
 
 
 def node_controllers(ns, port, controllers, work_ms, max_runtime_s=300, host=SRV_IP,
-                     connect_each_poll=False):
+                     connect_each_poll=False, idle=False):
     """Trigger.dev's WarmStartClient, one per controller, in one node process
     in <ns> (C), talking to <host>; <connect_each_poll>: each calls /connect
-    before every poll, as Trigger.dev's run controller does."""
+    before every poll, as Trigger.dev's run controller does; <idle>: under
+    SCHED_IDLE."""
     spec = {"url": f"http://{host}:{port}", "controllers": controllers,
             "work_ms": work_ms, "max_runtime_s": max_runtime_s,
             "connect_each_poll": connect_each_poll}
     return ControllerProcess(ns, [shutil.which("node"), str(COMPAT / "controllers.mjs"),
-                                  json.dumps(spec)])
+                                  json.dumps(spec)], idle=idle)
 
 
 def ensure_node_modules():
@@ -692,16 +718,27 @@ def metric_family(m, name, label):
     return out
 
 
-def run_cell(net, mode, server_args=(), *, rtt_ms=0.0, jitter_ms=0.0, loss=0.0, ackloss=0.0,
-             keys=4, per_key=10, node_keys=(), dispatches=150, rate=25.0,
-             work_ms=(500, 1500), seed=1, tag="cell", payload_bytes=0, loopback=False,
-             binary=None, connect_each_poll=False, process_each=False, capture=None):
-    """Runs one cell: shapes the wire, starts pilotlight in S with
-    --delivery <mode>, the fleet in C, <dispatches> runs with unique ids at
-    <rate> a second round-robin over the keys; waits for the receipts; stops
-    everything. Returns a dict: tally()'s figures for all runs, "by_group"
-    (the same for runs of raw and of node keys), the measured connect RTT,
-    the wire's and the broker's counters, and the wall time.
+def run_cell(net, mode, server_args=(), **kw):
+    """run_cells() for one mode: its figures."""
+    return run_cells(net, [mode], server_args, **kw)[mode]
+
+
+def run_cells(net, modes, server_args=(), *, rtt_ms=0.0, jitter_ms=0.0, loss=0.0, ackloss=0.0,
+              keys=4, per_key=10, node_keys=(), dispatches=150, rate=25.0,
+              work_ms=(500, 1500), seed=1, tag="cell", payload_bytes=0, loopback=False,
+              binary=None, connect_each_poll=False, process_each=False, capture=None,
+              apart=False):
+    """Runs one cell per mode of <modes>, all at once: shapes the wire,
+    starts a pilotlight per mode in S with --delivery <mode>, a fleet per
+    pilotlight in C, and <dispatches> runs with unique ids for each at
+    <rate> a second round-robin over the keys, the pilotlights taking turns
+    run by run; waits for the receipts; stops everything. Returns {mode:
+    figures}, the figures a dict: tally()'s for all runs, "by_group" (the
+    same for runs of raw and of node keys), the measured connect RTT, the
+    wire's (what crossed it to and from that pilotlight's port, with
+    several modes) and the broker's counters, and the wall time. Modes run
+    together are compared in the same seconds of a machine whose speed
+    comes and goes for seconds at a time, not in cells half a minute apart.
 
     <payload_bytes>: each run's DequeuedMessage is padded to about that
     many bytes (a W3C tracestate in its trace context, which real runs
@@ -712,97 +749,146 @@ def run_cell(net, mode, server_args=(), *, rtt_ms=0.0, jitter_ms=0.0, loss=0.0, 
     /connect before every poll (node_controllers). <process_each>: each of
     them runs in a node process of its own, with a connection pool of its
     own, as each run controller does in its container (else one process,
-    and one pool, serves them all). <capture>: a file to list every TCP
-    segment the controllers' TUN device carries in (Capture)."""
+    and one pool, serves a pilotlight's fleet). <capture>: a file to list
+    every TCP segment the controllers' TUN device carries in (Capture).
+
+    <apart>: the controllers' side as if on machines of its own, as in a
+    cluster: the controllers run under SCHED_IDLE and the wire under
+    SCHED_FIFO. Sharing this machine's CPUs as equals, a controller
+    handling a run it has just received holds a CPU for a millisecond or
+    two, the moment its ACK reaches the broker and the broker must wake to
+    answer; the scheduler can queue the broker behind it (with the other
+    CPU idle), a wait no real network has, which only `confirm` pays
+    (`written` answers before the run arrives). SCHED_IDLE gives them only
+    CPU time nobody else wants, and a waking broker, wire or dispatcher
+    takes their CPU at once; the wire then delays packets by what it was
+    asked, not by a wait for a CPU. Figures say which ("apart")."""
     if str(REPO_ROOT / "tests") not in sys.path:  # run from loadtest/
         sys.path.insert(0, str(REPO_ROOT / "tests"))
     from conftest import EXAMPLE, Metrics, Server  # the suite's helpers
 
     wall = time.monotonic()
     net.shape(rtt_ms=rtt_ms, jitter_ms=jitter_ms, loss=loss, ackloss=ackloss, seed=seed)
-    srv = NsServer(Server, net.srv, "--delivery", mode, *server_args, binary=binary)
-    procs, disp = [], None
+    apart = apart and net.wire.realtime(True)  # else: shared, and said so
+    if not apart:
+        net.wire.realtime(False)
+    together = len(modes) > 1
+    servers, procs, disp, cap = {}, {m: [] for m in modes}, None, None
     ns, host = (net.srv, "127.0.0.1") if loopback else (net.ctl, SRV_IP)
-    cap = Capture(net.ctl, net.ctl_dev, capture) if capture and not loopback else None
+    jobs, group, measured_rtt, m = {}, {}, {}, {}
     try:
-        measured_rtt = net.connect_rtt_ms(srv.port, loopback=loopback)
+        net.wire.cmd("count port off")
+        for mode in modes:
+            servers[mode] = NsServer(Server, net.srv, "--delivery", mode, *server_args,
+                                     binary=binary)
+            if together:
+                net.wire.cmd(f"count port {servers[mode].port}")
+        cap = Capture(net.ctl, net.ctl_dev, capture) if capture and not loopback else None
+        for mode, srv in servers.items():
+            measured_rtt[mode] = net.connect_rtt_ms(srv.port, loopback=loopback)
+        if together:
+            net.wire.cmd("reset")  # the handshakes just measured are no cell's
         raw, node = fleet(keys, per_key, node_keys)
         if loopback:
             for c in raw:
                 c["bind"] = "127.0.0.1"
-        if raw:
-            procs.append(raw_controllers(ns, srv.port, raw, work_ms, seed, host=host))
-        for group in ([[c] for c in node] if process_each else [node] if node else []):
-            procs.append(node_controllers(ns, srv.port, group, work_ms, host=host,
-                                          connect_each_poll=connect_each_poll))
-        want = len(raw) + len(node)
+        want = 0
+        for mode, srv in servers.items():
+            if raw:
+                procs[mode].append(raw_controllers(ns, srv.port, raw, work_ms, seed, host=host,
+                                                   idle=apart))
+            for grp in ([[c] for c in node] if process_each else [node] if node else []):
+                procs[mode].append(node_controllers(ns, srv.port, grp, work_ms, host=host,
+                                                    connect_each_poll=connect_each_poll,
+                                                    idle=apart))
+            want = len(raw) + len(node)
         deadline = time.monotonic() + 30
-        while srv.metrics(Metrics).parked_now < want:
-            if time.monotonic() > deadline or any(p.proc.poll() is not None for p in procs):
-                tails = "".join("".join(p.stderr_tail) for p in procs)
-                raise AssertionError(f"{want} controllers did not park; stderr:\n{tails[-3000:]}")
-            time.sleep(0.1)
+        for mode, srv in servers.items():
+            while srv.metrics(Metrics).parked_now < want:
+                if time.monotonic() > deadline or any(p.proc.poll() is not None
+                                                      for p in procs[mode]):
+                    tails = "".join("".join(p.stderr_tail) for p in procs[mode])
+                    raise AssertionError(f"{want} controllers did not park; stderr:\n"
+                                         f"{tails[-3000:]}")
+                time.sleep(0.1)
 
-        jobs, group = [], {}
-        for i in range(dispatches):
-            k = i % keys
-            dep, ver, cpu, mem = key_of(k)
-            msg = json.loads(json.dumps(EXAMPLE))
-            msg["deployment"]["friendlyId"] = dep
-            msg["backgroundWorker"]["version"] = ver
-            msg["run"]["machine"]["cpu"], msg["run"]["machine"]["memory"] = cpu, mem
-            run_id = f"run_{tag}_{i:04d}"
-            msg["run"]["id"], msg["run"]["friendlyId"] = run_id[4:], run_id
-            short = payload_bytes - len(json.dumps(msg)) - len(', "tracestate": ""')
-            if short > 0:
-                msg["run"]["traceContext"]["tracestate"] = "pl=" + "0" * (short - 3)
-            jobs.append((run_id, msg))
-            group[run_id] = "node" if k in node_keys else "raw"
-        disp = Dispatcher(net.srv, srv.port)
-        answers = disp.run(jobs, rate)
+        for mode, srv in servers.items():
+            jobs[mode] = []
+            for i in range(dispatches):
+                k = i % keys
+                dep, ver, cpu, mem = key_of(k)
+                msg = json.loads(json.dumps(EXAMPLE))
+                msg["deployment"]["friendlyId"] = dep
+                msg["backgroundWorker"]["version"] = ver
+                msg["run"]["machine"]["cpu"], msg["run"]["machine"]["memory"] = cpu, mem
+                run_id = f"run_{tag}_{mode}_{i:04d}" if together else f"run_{tag}_{i:04d}"
+                msg["run"]["id"], msg["run"]["friendlyId"] = run_id[4:], run_id
+                short = payload_bytes - len(json.dumps(msg)) - len(', "tracestate": ""')
+                if short > 0:
+                    msg["run"]["traceContext"]["tracestate"] = "pl=" + "0" * (short - 3)
+                jobs[mode].append((run_id, msg, srv.port))
+                group[run_id] = "node" if k in node_keys else "raw"
+        disp = Dispatcher(net.srv, servers[modes[0]].port)
+        answers = disp.run([job for turn in zip(*jobs.values()) for job in turn],
+                           rate * len(modes))
 
-        def receipts():
-            return [(e["ctl"], e["run"]) for p in procs for e in list(p.events)
+        def receipts(mode):
+            return [(e["ctl"], e["run"]) for p in procs[mode] for e in list(p.events)
                     if e.get("ev") == "run"]
         # A true run's payload may still be on its way: wait for it, then a
         # little more for a late second copy of anything.
         trues = {r for r, (a, _, _) in answers.items() if a is True}
         deadline = time.monotonic() + 5 + rtt_ms / 100
-        while trues - {r for _, r in receipts()} and time.monotonic() < deadline:
+        while (trues - {r for mode in modes for _, r in receipts(mode)}
+               and time.monotonic() < deadline):
             time.sleep(0.05)
         time.sleep(1 + 4 * rtt_ms / 1000)
-        m = srv.metrics(Metrics)
+        for mode, srv in servers.items():
+            m[mode] = srv.metrics(Metrics)
     finally:
         if disp is not None:
             disp.close()
-        for p in procs:
+        for p in (p for ps in procs.values() for p in ps):
             p.stop()
-        srv.stop()
+        for srv in servers.values():
+            srv.stop()
         if cap is not None:
             cap.stop()
-    got = receipts()
-    run_ids = [r for r, _ in jobs]
-    figures = tally(run_ids, answers, got)
-    figures["by_group"] = {g: tally([r for r in run_ids if group[r] == g], answers,
-                                    [(c, r) for c, r in got if group.get(r) == g])
-                           for g in sorted(set(group.values()))}
-    figures["rtt_ms"] = measured_rtt
-    figures["wire"] = net.wire.stats()
-    figures["broker"] = {"dispatch": metric_family(m, "pilotlight_dispatch_total", "result"),
-                         "confirm": metric_family(m, "pilotlight_confirm_total", "outcome"),
-                         "method": metric_family(m, "pilotlight_confirm_method_total", "method"),
-                         "settled": metric_family(m, "pilotlight_settled_total", "outcome")}
-    # Cumulative counts of ACK reports by time from write (s, as "le").
-    figures["ack_reports"] = {dict(labels)["le"]: int(v) for (n, labels), v in m.samples.items()
-                              if n == "pilotlight_confirm_ack_seconds_bucket"}
-    figures["payload_bytes"] = len(json.dumps(jobs[0][1])) if jobs else 0
-    figures["events"] = {}
-    for p in procs:
-        for e in p.events:
-            if e.get("ev") not in ("run", "polling"):
-                figures["events"][e["ev"]] = figures["events"].get(e["ev"], 0) + 1
-    figures["wall_s"] = time.monotonic() - wall
-    return figures
+    wire = net.wire.stats()
+    out = {}
+    for mode in modes:
+        got = receipts(mode)
+        run_ids = [r for r, _, _ in jobs[mode]]
+        f = tally(run_ids, answers, got)
+        f["by_group"] = {g: tally([r for r in run_ids if group[r] == g], answers,
+                                  [(c, r) for c, r in got if group.get(r) == g])
+                         for g in sorted({group[r] for r in run_ids})}
+        f["rtt_ms"] = measured_rtt[mode]
+        f["apart"] = apart
+        f["together"] = list(modes) if together else None
+        f["wire"] = dict(wire)
+        if together:  # this pilotlight's share of the wire, by its port
+            pre = f"port{servers[mode].port}_"
+            for d in ("ab", "ba"):
+                for k in ("bytes", "segs", "acks"):
+                    f["wire"][f"{d}_{k}"] = wire.get(f"{pre}{d}_{k}", 0)
+        mm = m[mode]
+        f["broker"] = {"dispatch": metric_family(mm, "pilotlight_dispatch_total", "result"),
+                       "confirm": metric_family(mm, "pilotlight_confirm_total", "outcome"),
+                       "method": metric_family(mm, "pilotlight_confirm_method_total", "method"),
+                       "settled": metric_family(mm, "pilotlight_settled_total", "outcome")}
+        # Cumulative counts of ACK reports by time from write (s, as "le").
+        f["ack_reports"] = {dict(labels)["le"]: int(v) for (n, labels), v in mm.samples.items()
+                            if n == "pilotlight_confirm_ack_seconds_bucket"}
+        f["payload_bytes"] = len(json.dumps(jobs[mode][0][1])) if jobs[mode] else 0
+        f["events"] = {}
+        for p in procs[mode]:
+            for e in p.events:
+                if e.get("ev") not in ("run", "polling"):
+                    f["events"][e["ev"]] = f["events"].get(e["ev"], 0) + 1
+        f["wall_s"] = time.monotonic() - wall
+        out[mode] = f
+    return out
 
 
 def show(request, text):
@@ -830,7 +916,8 @@ def describe(f):
         f" true-unreceived {f['true_unreceived']}, lost {f['lost']};"
         f" starts beyond the answer {f['excess']}",
         f"  latency p50/p90/p99 {ms(f['p50_ms'])}/{ms(f['p90_ms'])}/{ms(f['p99_ms'])} ms;"
-        f" connect RTT {f['rtt_ms']:.2f} ms; wall {f['wall_s']:.1f} s"]
+        f" connect RTT {f['rtt_ms']:.2f} ms; wall {f['wall_s']:.1f} s"
+        + ("; controllers apart (SCHED_IDLE, wire SCHED_FIFO)" if f.get("apart") else "")]
     for g, gf in f.get("by_group", {}).items():
         lines.append(f"  {g} keys: {gf['dispatches']} dispatches, {gf['true']} true;"
                      f" duplicates {gf['duplicates']}, false-received {gf['false_received']},"

@@ -28,6 +28,10 @@
  *                        IPv4, or longer than --mtu), werr (failed reads or
  *                        writes), bytes (IP bytes of the packets out),
  *                        segs (TCP segments out that carry data)
+ *   count port N|off     also count, apart, the packets out with TCP port N
+ *                        at either end (up to 4 ports; off forgets them):
+ *                        "port<N>_ab_bytes=" and "_segs=" as above, and
+ *                        "_acks=" (pure ACKs out), per direction, in stats
  *   reset                zero the counters
  *   quit                 exit (so does end of input)
  *
@@ -57,6 +61,7 @@
 /* The largest packet --mtu may allow (IPv4's total length field). */
 #define MTU_MAX 65535
 #define MAX_DROP_IPS 16
+#define MAX_PORTS 4
 
 enum { TCP_FIN = 0x01, TCP_SYN = 0x02, TCP_RST = 0x04, TCP_ACK = 0x10 };
 
@@ -70,6 +75,11 @@ struct counters {
     uint64_t in, out, acks, lost, acklost, dropped, full, other, werr, bytes, segs;
 };
 
+/* What left one way with a counted port at either end. */
+struct port_counters {
+    uint64_t bytes, segs, acks;
+};
+
 struct dir {
     const char *name;
     int in_fd, out_fd;
@@ -80,12 +90,14 @@ struct dir {
     size_t cap, head, count;
     uint64_t last_release_ns;
     struct counters c;
+    struct port_counters port[MAX_PORTS];
 };
 
 static struct {
     size_t slot; /* --mtu + 1: a read that fills a slot was cut short */
     bool drop_all;
     uint32_t drop_ip[MAX_DROP_IPS]; /* network order; 0 = free slot */
+    uint16_t port[MAX_PORTS]; /* counted apart; 0 = free slot */
     uint64_t rng;
 } g;
 
@@ -148,6 +160,22 @@ static bool has_payload(const unsigned char *p, size_t len)
     if (((p[6] & 0x1f) << 8 | p[7]) != 0)
         return false;
     return total > ihl + (size_t)(p[ihl + 12] >> 4) * 4;
+}
+
+/* The counted port slot a packet out belongs to, or -1. */
+static int port_slot(const unsigned char *p, size_t len)
+{
+    size_t ihl = (size_t)(p[0] & 0x0f) * 4;
+    uint16_t sport, dport;
+
+    if (p[9] != IPPROTO_TCP || ihl < 20 || len < ihl + 4 || ((p[6] & 0x1f) << 8 | p[7]) != 0)
+        return -1;
+    sport = (uint16_t)(p[ihl] << 8 | p[ihl + 1]);
+    dport = (uint16_t)(p[ihl + 2] << 8 | p[ihl + 3]);
+    for (int i = 0; i < MAX_PORTS; i++)
+        if (g.port[i] != 0 && (g.port[i] == sport || g.port[i] == dport))
+            return i;
+    return -1;
 }
 
 static bool blackholed(const unsigned char *p)
@@ -238,9 +266,16 @@ static uint64_t send_due(struct dir *d)
         if (blackholed(data)) {
             d->c.dropped++;
         } else if (write(d->out_fd, data, p->len) == (ssize_t)p->len) {
+            int at = port_slot(data, p->len);
+
             d->c.out++;
             d->c.bytes += p->len;
             d->c.segs += has_payload(data, p->len);
+            if (at >= 0) {
+                d->port[at].bytes += p->len;
+                d->port[at].segs += has_payload(data, p->len);
+                d->port[at].acks += is_pure_ack(data, p->len);
+            }
         } else {
             d->c.werr++;
         }
@@ -291,6 +326,13 @@ static int open_tun(const char *ns, const char *dev)
 static void print_counters(const struct dir *d)
 {
     const char *n = d->name;
+
+    for (int i = 0; i < MAX_PORTS; i++)
+        if (g.port[i] != 0)
+            printf(" port%u_%s_bytes=%" PRIu64 " port%u_%s_segs=%" PRIu64
+                   " port%u_%s_acks=%" PRIu64,
+                   g.port[i], n, d->port[i].bytes, g.port[i], n, d->port[i].segs, g.port[i], n,
+                   d->port[i].acks);
 
     printf(" %s_in=%" PRIu64 " %s_out=%" PRIu64 " %s_acks=%" PRIu64 " %s_lost=%" PRIu64
            " %s_acklost=%" PRIu64 " %s_dropped=%" PRIu64 " %s_full=%" PRIu64 " %s_other=%" PRIu64
@@ -346,6 +388,35 @@ static const char *set_drop_ip(const char *addr, const char *onoff)
     if (free_slot < 0)
         return "too many addresses dropped";
     g.drop_ip[free_slot] = a.s_addr;
+    return NULL;
+}
+
+/* "count port N|off": N is counted apart from now on (from zero). */
+static const char *set_count_port(struct dir *ab, struct dir *ba, const char *what,
+                                  const char *arg)
+{
+    double v;
+    int free_slot = -1;
+
+    if (what == NULL || strcmp(what, "port") != 0)
+        return "count wants port N or port off";
+    if (arg != NULL && strcmp(arg, "off") == 0) {
+        memset(g.port, 0, sizeof g.port);
+        return NULL;
+    }
+    if (!parse_num(arg, 1, 65535, &v) || v != (double)(uint16_t)v)
+        return "count port wants a port number (1..65535) or off";
+    for (int i = 0; i < MAX_PORTS; i++) {
+        if (g.port[i] == (uint16_t)v)
+            return NULL;
+        if (g.port[i] == 0 && free_slot < 0)
+            free_slot = i;
+    }
+    if (free_slot < 0)
+        return "too many ports counted";
+    g.port[free_slot] = (uint16_t)v;
+    memset(&ab->port[free_slot], 0, sizeof ab->port[free_slot]);
+    memset(&ba->port[free_slot], 0, sizeof ba->port[free_slot]);
     return NULL;
 }
 
@@ -410,6 +481,8 @@ static bool command(struct dir *ab, struct dir *ba, char *line)
             err = "drop all wants on or off";
     } else if (strcmp(verb, "drop") == 0 && a1 != NULL && strcmp(a1, "ip") == 0)
         err = set_drop_ip(a2, a3);
+    else if (strcmp(verb, "count") == 0)
+        err = set_count_port(ab, ba, a1, a2);
     else if (strcmp(verb, "seed") == 0) {
         if (parse_num(a1, 0, 9007199254740992.0, &v))
             g.rng = (uint64_t)v;
@@ -418,6 +491,8 @@ static bool command(struct dir *ab, struct dir *ba, char *line)
     } else if (strcmp(verb, "reset") == 0) {
         memset(&ab->c, 0, sizeof ab->c);
         memset(&ba->c, 0, sizeof ba->c);
+        memset(ab->port, 0, sizeof ab->port);
+        memset(ba->port, 0, sizeof ba->port);
     } else if (strcmp(verb, "stats") == 0) {
         printf("ok");
         print_counters(ab);
