@@ -155,3 +155,29 @@ def test_the_real_clients_ack_a_run_at_once(net, node_ready, request):
     assert broken == dict.fromkeys(broken, 0), text
     assert f["true"] >= n * 9 // 10 and f["ack_reports"].get("+Inf", 0) >= n // 2, text
     assert late <= n * 3 // 100, f"{late} ACK reports came 25 ms or more after their run\n{text}"
+
+
+def test_modes_measured_together_keep_apart(net, request):
+    """Both modes in one cell (impair.run_cells, as loadtest/ack-latency
+    runs them): each pilotlight's runs reach its own fleet only, each
+    keeps the promise, and the wire's figures are each pilotlight's own
+    (pl-wire's per-port counters), adding up to no more than the whole."""
+    n = 60
+    fs = impair.run_cells(net, list(MODES), dispatches=n, rate=15, keys=KEYS, per_key=PER_KEY,
+                          work_ms=WORK_MS, tag="together", rtt_ms=0.1)
+    for mode, f in fs.items():
+        text = f"{mode}, together: " + impair.describe(f)
+        impair.show(request, text)
+        broken = {k: f[k] for k in ("duplicates", "false_received", "true_unreceived", "lost",
+                                    "errors", "stray")}
+        assert broken == dict.fromkeys(broken, 0), text
+        assert f["dispatches"] == n and f["true"] >= n // 2, text
+        assert f["together"] == list(MODES), text
+    confirm, written = fs["confirm"], fs["written"]
+    assert confirm["broker"]["confirm"].get("acked", 0) == confirm["true"], confirm["broker"]
+    assert not written["broker"]["confirm"], written["broker"]
+    for d in ("ab", "ba"):
+        for k in ("bytes", "segs"):
+            mine = [fs[m]["wire"][f"{d}_{k}"] for m in MODES]
+            assert all(v > 0 for v in mine), (d, k, mine)
+            assert sum(mine) <= confirm["wire_all"][f"{d}_{k}"], (d, k, mine, confirm["wire_all"])

@@ -69,7 +69,7 @@ PR_SET_PDEATHSIG = 1
 def child_in(ns, idle=False):
     """A preexec_fn: the child runs in <ns> and is killed if the thread that
     started it dies, so nothing outlives a test run that was killed.
-    <idle>: it runs under SCHED_IDLE (see run_cell's <apart>)."""
+    <idle>: it runs under SCHED_IDLE (see run_cells' <apart>)."""
     def setup():
         _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         enter(ns)
@@ -735,8 +735,9 @@ def run_cells(net, modes, server_args=(), *, rtt_ms=0.0, jitter_ms=0.0, loss=0.0
     run by run; waits for the receipts; stops everything. Returns {mode:
     figures}, the figures a dict: tally()'s for all runs, "by_group" (the
     same for runs of raw and of node keys), the measured connect RTT, the
-    wire's (what crossed it to and from that pilotlight's port, with
-    several modes) and the broker's counters, and the wall time. Modes run
+    wire's counters ("wire": with several modes, the bytes, segments and
+    ACKs to and from that pilotlight's port; "wire_all": the whole wire's),
+    the broker's counters, and the wall time. Modes run
     together are compared in the same seconds of a machine whose speed
     comes and goes for seconds at a time, not in cells half a minute apart.
 
@@ -866,7 +867,7 @@ def run_cells(net, modes, server_args=(), *, rtt_ms=0.0, jitter_ms=0.0, loss=0.0
         f["rtt_ms"] = measured_rtt[mode]
         f["apart"] = apart
         f["together"] = list(modes) if together else None
-        f["wire"] = dict(wire)
+        f["wire"], f["wire_all"] = dict(wire), wire
         if together:  # this pilotlight's share of the wire, by its port
             pre = f"port{servers[mode].port}_"
             for d in ("ab", "ba"):
