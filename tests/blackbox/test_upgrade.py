@@ -339,6 +339,18 @@ STEP_MS = 1500
 # its CPU now and then (an answer took 135 ms so, with AddressSanitizer);
 # under valgrind, which runs the server 20-50 times slower, two thirds.
 PROMPT = 1.0 if UNDER_VALGRIND else 0.5
+
+
+def running(pid):
+    """Whether <pid> exists and is not a zombie. It may be reaped between
+    any two looks at /proc: a vanished process is not running."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
 # HELLO as handover.h encodes it: header (magic "PLHO", version 1, one
 # record, body length), then the record (length, type 1, serves 0, pid).
 STALLING = r'''#!/usr/bin/env python3
@@ -442,8 +454,7 @@ def test_a_new_process_that_misses_a_step_never_stops_the_old_one(start_server, 
         assert m.get("pilotlight_upgrades_total", result="timeout") == 1
         assert m.get("pilotlight_upgrades_total", result="handed_over") == 0
         deadline = time.monotonic() + 10
-        while os.path.exists(f"/proc/{child}") and \
-                open(f"/proc/{child}/stat").read().split()[2] != "Z":
+        while running(child):
             assert time.monotonic() < deadline, "the new process was not killed"
             time.sleep(0.02)
         # every poll parked before is served here, each once
