@@ -345,8 +345,8 @@ def running(pid):
     """Whether <pid> exists and is not a zombie. It may be reaped between
     any two looks at /proc: a vanished process is not running."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
+        with open(f"/proc/{pid}/stat") as f:  # state: after the name's ")"
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except (FileNotFoundError, ProcessLookupError):
         return False
 

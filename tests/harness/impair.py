@@ -793,7 +793,7 @@ def run_cells(net, modes, server_args=(), *, rtt_ms=0.0, jitter_ms=0.0, loss=0.0
         if loopback:
             for c in raw:
                 c["bind"] = "127.0.0.1"
-        want = 0
+        want = len(raw) + len(node)
         for mode, srv in servers.items():
             if raw:
                 procs[mode].append(raw_controllers(ns, srv.port, raw, work_ms, seed, host=host,
@@ -802,7 +802,6 @@ def run_cells(net, modes, server_args=(), *, rtt_ms=0.0, jitter_ms=0.0, loss=0.0
                 procs[mode].append(node_controllers(ns, srv.port, grp, work_ms, host=host,
                                                     connect_each_poll=connect_each_poll,
                                                     idle=apart))
-            want = len(raw) + len(node)
         deadline = time.monotonic() + 30
         for mode, srv in servers.items():
             while srv.metrics(Metrics).parked_now < want:
