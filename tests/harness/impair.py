@@ -802,7 +802,9 @@ def run_cells(net, modes, server_args=(), *, rtt_ms=0.0, jitter_ms=0.0, loss=0.0
                 procs[mode].append(node_controllers(ns, srv.port, grp, work_ms, host=host,
                                                     connect_each_poll=connect_each_poll,
                                                     idle=apart))
-        deadline = time.monotonic() + 30
+        # a node process takes about half a second of CPU to start: with one
+        # per controller (process_each), tens of them under SCHED_IDLE
+        deadline = time.monotonic() + 30 + sum(len(p) for p in procs.values())
         for mode, srv in servers.items():
             while srv.metrics(Metrics).parked_now < want:
                 if time.monotonic() > deadline or any(p.proc.poll() is not None
