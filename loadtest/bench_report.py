@@ -448,21 +448,32 @@ def impaired_table(g, out):
 
 # ---- the real client (ack) -------------------------------------------------------------
 
+# ack-latency's fleets, in the table's order, as the table names them
+ACK_FLEETS = {"shared": "one pool", "own": "a pool each", "process": "a process each"}
+
+
 def ack_cells(g):
-    """loadtest/ack-latency's cells: [(bin, mtu, rtt, {mode: Runs})], by
-    server, MTU (loopback last) and RTT (loopback's "lo" last)."""
+    """loadtest/ack-latency's cells: [(bin, fleet, mtu, rtt, {mode: Runs})],
+    by server, fleet, MTU (loopback last) and RTT (loopback's "lo" last)."""
     by = defaultdict(lambda: defaultdict(list))
     for (sc, _, _), recs in g.items():
         if sc != "ack":
             continue
         for r in recs:
-            by[(r.get("bin", "pilotlight"), r["mtu"], r["rtt"])][r["mode"]].append(r)
-    bins = list(dict.fromkeys(b for b, _, _ in by))
+            key = (r.get("bin", "pilotlight"), r.get("fleet", "shared"), r["mtu"], r["rtt"])
+            by[key][r["mode"]].append(r)
+    bins = list(dict.fromkeys(k[0] for k in by))
+    fleets = list(ACK_FLEETS)
 
     def order(k):
-        b, mtu, rtt = k
-        return (bins.index(b), rtt == "lo", mtu, math.inf if rtt == "lo" else float(rtt))
+        b, fleet, mtu, rtt = k
+        return (bins.index(b), fleets.index(fleet) if fleet in fleets else len(fleets),
+                rtt == "lo", mtu, math.inf if rtt == "lo" else float(rtt))
     return [(*k, {m: Runs(v) for m, v in by[k].items()}) for k in sorted(by, key=order)]
+
+
+def ack_fleet(fleet):
+    return ACK_FLEETS.get(fleet, fleet)
 
 
 def ack_rtt(rtt, runs):
@@ -493,15 +504,16 @@ def ack_table(g, out):
     if not cells:
         return
     several = len({c[0] for c in cells}) > 1
-    out.extend(head((["server"] if several else []) + [
+    fleets = len({c[1] for c in cells}) > 1
+    out.extend(head((["server"] if several else []) + (["fleet"] if fleets else []) + [
         "MTU", "RTT ms (measured)", "`confirm` p50 / p90 / p99 / max ms",
         "`written` p50 / p90 / p99 / max ms", "bytes per dispatch (`confirm`)",
         "data segments per dispatch (`confirm`)", "late ACK reports (`confirm`)",
         "`confirm` learnt its ACKs by", "twice / `false` received / `true` unreceived / lost"]))
-    for b, mtu, rtt, modes in cells:
+    for b, fleet, mtu, rtt, modes in cells:
         c, w = modes.get("confirm"), modes.get("written")
         any_runs = c or w
-        line = ([b] if several else []) + [
+        line = ([b] if several else []) + ([ack_fleet(fleet)] if fleets else []) + [
             "65,536" if rtt == "lo" else f"{mtu:,}", ack_rtt(rtt, any_runs),
             ack_latency(c), ack_latency(w),
             cell(c, "bytes_per_run", 0) if c else "–",
@@ -519,11 +531,13 @@ def ack_targets(g):
     over every cell of both modes."""
     rows, cells = [], ack_cells(g)
     several = len({c[0] for c in cells}) > 1
-    for b, mtu, rtt, modes in cells:
+    fleets = len({c[1] for c in cells}) > 1
+    for b, fleet, mtu, rtt, modes in cells:
         c, w = modes.get("confirm"), modes.get("written")
         if rtt == "lo" or c is None:
             continue
-        where = (f"{b}, " if several else "") + f"MTU {mtu:,}, RTT {rtt} ms"
+        where = (f"{b}, " if several else "") + (f"{ack_fleet(fleet)}, " if fleets else "") + \
+            f"MTU {mtu:,}, RTT {rtt} ms"
         nominal = float(rtt)
         if nominal <= ACK_NEAR_MS:
             if w is None:
@@ -880,14 +894,19 @@ def method(meta, commands, out):
         f"SCHED_IDLE and the wire under SCHED_FIFO, so a controller busy with the run it "
         f"has just received does not hold the CPU the broker needs to learn of its ACK "
         f"([notes/2026-12-05-confirm-cpu.md](notes/2026-12-05-confirm-cpu.md)). "
-        f"The fleet is one process because its 40 clients then share one connection pool, "
-        f"and a poll now and then leaves on a connection that delivered a run within the "
-        f"last 40 ms: that puts the connection's receiving kernel in Linux's ping-pong mode, "
-        f"where it holds the ACK of a one-segment answer until its delayed-ACK timer fires. "
-        f"A controller per process, as run controllers are deployed, never did that in the "
-        f"harness; the shared pool is the case `confirm` must handle "
-        f"([notes/2026-12-05-soliciting-the-ack.md](notes/2026-12-05-soliciting-the-ack.md))"
-        f". Bytes and data segments: IP bytes "
+        f"Fleets (`ACK_FLEETS` {v('ACK_FLEETS', 'shared')}): *one pool* (shared), the 40 "
+        f"clients sharing node's "
+        f"connection pool, so a poll now and then leaves on a connection that delivered a "
+        f"run within the last 40 ms: that puts the connection's receiving kernel in Linux's "
+        f"ping-pong mode, where it holds the ACK of a one-segment answer until its "
+        f"delayed-ACK timer fires or, solicited, until the client reads it: the case "
+        f"`confirm` must handle "
+        f"([notes/2026-12-05-soliciting-the-ack.md](notes/2026-12-05-soliciting-the-ack.md)); "
+        f"*a pool each* (own), each client naming the server by a host name of its own, so its "
+        f"connections are its own, as a run controller's are in its container: no "
+        f"connection in ping-pong mode, every run ACKed on arrival "
+        f"([notes/2026-12-05-mtu9001-ack.md](notes/2026-12-05-mtu9001-ack.md)). "
+        f"Bytes and data segments: IP bytes "
         f"and TCP segments carrying data, both ways, counted by `pl-wire`, over the "
         f"dispatches; a late ACK report comes more than the RTT + 20 ms after the write; how "
         f"each ACK was learnt: `pilotlight_confirm_method_total`. Not pinned. Up to "

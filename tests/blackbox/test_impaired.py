@@ -23,12 +23,16 @@ Skipped, with the reason, without root, iproute2 or /dev/net/tun. Runs
 against the release build only (tests/run.sh): it measures timing-dependent
 behaviour, which a sanitizer or valgrind would distort.
 """
+import json
 import os
+import socket
+import threading
+import time
 
 import pytest
 
 import impair
-from conftest import BIN
+from conftest import BIN, EXAMPLE
 
 DISPATCHES = int(os.environ.get("PL_IMPAIR_DISPATCHES", "150"))
 RATE = float(os.environ.get("PL_IMPAIR_RATE", "25"))
@@ -181,3 +185,105 @@ def test_modes_measured_together_keep_apart(net, request):
             mine = [fs[m]["wire"][f"{d}_{k}"] for m in MODES]
             assert all(v > 0 for v in mine), (d, k, mine)
             assert sum(mine) <= confirm["wire_all"][f"{d}_{k}"], (d, k, mine, confirm["wire_all"])
+
+
+class Recorder:
+    """A stand-in broker for the fleet's own tests: on 127.0.0.1 in <ns>,
+    answers /connect, and each poll after 10 ms with the example run,
+    keeping connections open; records each request as (connection number,
+    Host, controller id, path)."""
+
+    def __init__(self, ns):
+        self.seen, self.conns, self.running = [], [], True
+        self.sock = impair.in_ns(ns, lambda: socket.create_server(("127.0.0.1", 0)))
+        self.port = self.sock.getsockname()[1]
+        self.sock.settimeout(0.2)
+        self.run = json.dumps(EXAMPLE).encode()
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def _accept(self):
+        while self.running:
+            try:
+                c, _ = self.sock.accept()
+            except (socket.timeout, OSError):
+                continue
+            self.conns.append(c)
+            threading.Thread(target=self._serve, args=(c, len(self.conns)), daemon=True).start()
+
+    def _serve(self, c, n):
+        buf = b""
+        with c:
+            while self.running:
+                while b"\r\n\r\n" not in buf:
+                    try:
+                        data = c.recv(65536)
+                    except OSError:
+                        return
+                    if not data:
+                        return
+                    buf += data
+                head, buf = buf.split(b"\r\n\r\n", 1)
+                lines = head.decode("latin-1").split("\r\n")
+                fields = dict(ln.split(":", 1) for ln in lines[1:] if ":" in ln)
+                fields = {k.strip().lower(): v.strip() for k, v in fields.items()}
+                path = lines[0].split()[1]
+                self.seen.append((n, fields.get("host"),
+                                  fields.get("x-trigger-workload-controller-id"), path))
+                if path.startswith("/connect"):
+                    body = b'{"connectionTimeoutMs":30000,"keepaliveMs":300000}'
+                else:
+                    time.sleep(0.01)
+                    body = self.run
+                c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                          b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+
+    def stop(self):
+        self.running = False
+        self.thread.join(2)
+        self.sock.close()
+        for c in self.conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+def test_own_pools_keep_each_controllers_connections(net, node_ready, request):
+    """impair.node_controllers(own_pools=True), as loadtest/ack-latency
+    --own-pools runs the real client: the clients share a node process but
+    not its connections. Each names the server by a host name of its own,
+    so node keeps a pool per client, as a run controller in its own
+    container has: every connection carries one controller's requests,
+    under that controller's host name, and connections are kept and used
+    again."""
+    if node_ready:
+        pytest.skip(node_ready)
+    rec = Recorder(net.ctl)
+    ctls = [{"id": f"controller_own{i}", "key": list(impair.key_of(i % 2))} for i in range(6)]
+    proc = impair.node_controllers(net.ctl, rec.port, ctls, (50, 150), host="127.0.0.1",
+                                   own_pools=True)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and proc.proc.poll() is None:
+            polls = [s for s in rec.seen if s[3].startswith("/warm-start")]
+            if all(sum(1 for s in polls if s[2] == c["id"]) >= 4 for c in ctls):
+                break
+            time.sleep(0.1)
+    finally:
+        proc.stop()
+        rec.stop()
+    seen = list(rec.seen)
+    impair.show(request, f"own pools: {len(seen)} requests on {len(rec.conns)} connections")
+    polls = [s for s in seen if s[3].startswith("/warm-start")]
+    assert all(sum(1 for s in polls if s[2] == c["id"]) >= 4 for c in ctls), \
+        (seen, "".join(proc.stderr_tail))
+    index = {c["id"]: i for i, c in enumerate(ctls)}
+    for conn, host, ctl, _ in polls:
+        assert host == f"c{index[ctl]}.pl-fleet:{rec.port}", (conn, host, ctl)
+    owners = {}
+    for conn, host, _, _ in seen:
+        owners.setdefault(conn, set()).add(host)
+    assert all(len(h) == 1 for h in owners.values()), owners
+    per_conn = [sum(1 for s in polls if s[0] == conn) for conn in owners]
+    assert max(per_conn) >= 2, per_conn  # kept and used again

@@ -4,8 +4,8 @@
 //
 // Usage: node controllers.mjs SPEC_JSON
 //   SPEC: {"url": BASE_URL, "controllers": [{"id", "key": [deployment,
-//          version, cpu, memory]}], "work_ms": [MIN, MAX], "max_runtime_s": S,
-//          "connect_each_poll": BOOL}
+//          version, cpu, memory], "url"?: its own BASE_URL}], "work_ms":
+//          [MIN, MAX], "max_runtime_s": S, "connect_each_poll": BOOL}
 //
 // Each controller calls /connect once, then loops as a warm container does:
 // long-poll with warmStart(), "work" MIN..MAX ms on the run it got, poll
@@ -33,7 +33,7 @@ function sleep(ms) {
 async function controller(spec, c) {
   const [deploymentId, deploymentVersion, cpu, memory] = c.key;
   const client = new WarmStartClient({
-    apiUrl: new URL(spec.url),
+    apiUrl: new URL(c.url ?? spec.url),
     controllerId: c.id,
     deploymentId,
     deploymentVersion,

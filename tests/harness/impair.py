@@ -35,6 +35,7 @@ import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -66,13 +67,18 @@ def raise_fd_limit(want=8192):
 PR_SET_PDEATHSIG = 1
 
 
-def child_in(ns, idle=False):
+def child_in(ns, idle=False, hosts=None):
     """A preexec_fn: the child runs in <ns> and is killed if the thread that
     started it dies, so nothing outlives a test run that was killed.
-    <idle>: it runs under SCHED_IDLE (see run_cells' <apart>)."""
+    <idle>: it runs under SCHED_IDLE (see run_cells' <apart>); <hosts>: it
+    sees that file as /etc/hosts (private_hosts)."""
+    private = private_hosts(hosts) if hosts else None
+
     def setup():
         _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         enter(ns)
+        if private:
+            private()
         if idle:
             os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     return setup
@@ -560,11 +566,11 @@ class ControllerProcess:
     """A process of controllers inside C; collects the JSON lines it prints
     (receipts and other events) as they come."""
 
-    def __init__(self, ns, argv, idle=False):
+    def __init__(self, ns, argv, idle=False, hosts=None):
         self.events = []
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, bufsize=1,
-                                     preexec_fn=child_in(ns, idle))
+                                     preexec_fn=child_in(ns, idle, hosts))
         self.stderr_tail = []
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
@@ -606,16 +612,30 @@ def raw_controllers(ns, port, controllers, work_ms, seed, max_runtime_s=300, hos
 
 
 def node_controllers(ns, port, controllers, work_ms, max_runtime_s=300, host=SRV_IP,
-                     connect_each_poll=False, idle=False):
+                     connect_each_poll=False, idle=False, own_pools=False):
     """Trigger.dev's WarmStartClient, one per controller, in one node process
     in <ns> (C), talking to <host>; <connect_each_poll>: each calls /connect
     before every poll, as Trigger.dev's run controller does; <idle>: under
-    SCHED_IDLE."""
+    SCHED_IDLE. node's fetch keeps one pool of connections per origin, so
+    the clients share one, and a poll goes out on whichever kept connection
+    is free. <own_pools>: each client names the server by a host name of its
+    own (the process's private /etc/hosts maps them all to <host>), so each
+    keeps its connections to itself, as a run controller in its own
+    container does."""
     spec = {"url": f"http://{host}:{port}", "controllers": controllers,
             "work_ms": work_ms, "max_runtime_s": max_runtime_s,
             "connect_each_poll": connect_each_poll}
-    return ControllerProcess(ns, [shutil.which("node"), str(COMPAT / "controllers.mjs"),
-                                  json.dumps(spec)], idle=idle)
+    argv = [shutil.which("node"), str(COMPAT / "controllers.mjs")]
+    if not own_pools:
+        return ControllerProcess(ns, argv + [json.dumps(spec)], idle=idle)
+    names = [f"c{i}.pl-fleet" for i in range(len(controllers))]
+    spec["controllers"] = [dict(c, url=f"http://{n}:{port}") for c, n in zip(controllers, names)]
+    with tempfile.NamedTemporaryFile("w", prefix="pl-fleet-hosts.", delete=False) as f:
+        f.write("127.0.0.1 localhost\n" + "".join(f"{host} {n}\n" for n in names))
+    try:  # the child's bind mount holds the file once it runs
+        return ControllerProcess(ns, argv + [json.dumps(spec)], idle=idle, hosts=f.name)
+    finally:
+        os.unlink(f.name)
 
 
 def ensure_node_modules():
@@ -726,8 +746,8 @@ def run_cell(net, mode, server_args=(), **kw):
 def run_cells(net, modes, server_args=(), *, rtt_ms=0.0, jitter_ms=0.0, loss=0.0, ackloss=0.0,
               keys=4, per_key=10, node_keys=(), dispatches=150, rate=25.0,
               work_ms=(500, 1500), seed=1, tag="cell", payload_bytes=0, loopback=False,
-              binary=None, connect_each_poll=False, process_each=False, capture=None,
-              apart=False):
+              binary=None, connect_each_poll=False, process_each=False, own_pools=False,
+              capture=None, apart=False):
     """Runs one cell per mode of <modes>, all at once: shapes the wire,
     starts a pilotlight per mode in S with --delivery <mode>, a fleet per
     pilotlight in C, and <dispatches> runs with unique ids for each at
@@ -750,7 +770,8 @@ def run_cells(net, modes, server_args=(), *, rtt_ms=0.0, jitter_ms=0.0, loss=0.0
     /connect before every poll (node_controllers). <process_each>: each of
     them runs in a node process of its own, with a connection pool of its
     own, as each run controller does in its container (else one process,
-    and one pool, serves a pilotlight's fleet). <capture>: a file to list
+    and one pool, serves a pilotlight's fleet). <own_pools>: one process,
+    but a pool per controller (node_controllers). <capture>: a file to list
     every TCP segment the controllers' TUN device carries in (Capture).
 
     <apart>: the controllers' side as if on machines of its own, as in a
@@ -801,7 +822,7 @@ def run_cells(net, modes, server_args=(), *, rtt_ms=0.0, jitter_ms=0.0, loss=0.0
             for grp in ([[c] for c in node] if process_each else [node] if node else []):
                 procs[mode].append(node_controllers(ns, srv.port, grp, work_ms, host=host,
                                                     connect_each_poll=connect_each_poll,
-                                                    idle=apart))
+                                                    idle=apart, own_pools=own_pools))
         # a node process takes about half a second of CPU to start: with one
         # per controller (process_each), tens of them under SCHED_IDLE
         deadline = time.monotonic() + 30 + sum(len(p) for p in procs.values())

@@ -389,6 +389,39 @@ def test_bench_report_says_the_real_client_was_not_run():
     assert row[1].startswith("not measured") and row[2] == "–", row
 
 
+def test_bench_report_tells_the_fleets_apart():
+    """ack-latency's two fleets of one cell (one connection pool; a pool per
+    client, setting suffix _own): a row and a verdict each, named by the
+    fleet, the pooled one first."""
+    import sys
+    sys.path.insert(0, str(REPO_ROOT / "loadtest"))
+    import bench_report
+    recs = []
+    for fleet, p90 in (("own", 2.0), ("shared", 3.5)):
+        for mode in ("confirm", "written"):
+            recs.append({"scenario": "ack", "system": f"pilotlight-{mode}", "bin": "pilotlight",
+                         "setting": "mtu9001_rtt1" + ("_own" if fleet == "own" else ""),
+                         "fleet": fleet, "mtu": 9001, "rtt": "1", "mode": mode,
+                         "rtt_ms": 1.2, "dispatches": 60, "true": 60, "false": 0,
+                         "p50_ms": 1.0, "p90_ms": p90 if mode == "confirm" else 0.8,
+                         "p99_ms": 4.0, "max_ms": 5.0, "duplicates": 0, "false_received": 0,
+                         "true_unreceived": 0, "lost": 0, "bytes_per_run": 2400,
+                         "segs_per_run": 2.4, "late_reports": 0,
+                         "method": {"ack_event": 60 if mode == "confirm" else 0}})
+    g = bench_report.group(recs)
+    out = []
+    bench_report.ack_table(g, out)
+    rows = [ln for ln in out if ln.startswith("| one pool |") or ln.startswith("| a pool each |")]
+    assert [r.split(" | ")[0] for r in rows] == ["| one pool", "| a pool each"], out
+    assert "| 3.5 /" not in rows[1] and "/ 3.5 /" in rows[0], rows
+    got = {t[0]: t[2] for t in bench_report.targets(g, {}) if "p90 ≤ `written`" in t[0]}
+    assert got == {
+        "Trigger.dev's client: `confirm` p90 ≤ `written` p90 + 2 ms, one pool, MTU 9,001, "
+        "RTT 1 ms": "**missed**",
+        "Trigger.dev's client: `confirm` p90 ≤ `written` p90 + 2 ms, a pool each, MTU 9,001, "
+        "RTT 1 ms": "met"}, got
+
+
 def test_bench_impaired_measures_both_modes_at_a_distance():
     """bench's impaired scenario: one JSON line per RTT and delivery mode,
     every dispatch answered and counted, the RTT the kernel saw at least the
@@ -468,20 +501,31 @@ def test_syscalls_counts_each_mode_without_the_connections():
 
 
 def test_ack_latency_measures_each_mode_over_a_jumbo_wire():
-    """loadtest/ack-latency: one JSON line per mode, over a wire of MTU 9001;
-    every dispatch answered and none broken, the wire carried more than the
-    runs' own bytes, and `confirm` counted how each confirmation was learnt
-    (one way for each run it confirmed; `written` confirms none)."""
+    """loadtest/ack-latency: one JSON line per mode and fleet, over a wire of
+    MTU 9001; every dispatch answered and none broken, the wire carried more
+    than the runs' own bytes, and `confirm` counted how each confirmation was
+    learnt (one way for each run it confirmed; `written` confirms none). The
+    fleet of own pools is a setting of its own."""
     import sys
     p = subprocess.run([sys.executable, str(REPO_ROOT / "loadtest" / "ack-latency"),
                         "--bin", os.environ.get("PL_VALGRIND_BIN", BIN), "--rtts", "0.2",
-                        "--mtus", "9001", "--dispatches", "20", "--rate", "20", "--json"],
-                       capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL)
+                        "--mtus", "9001", "--dispatches", "20", "--rate", "20", "--json",
+                        "--fleets", "shared,own"],
+                       capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
     if p.returncode == 2:
         pytest.skip(p.stderr.strip()[-300:])
     assert p.returncode == 0, p.stderr[-4000:]
-    recs = {r["mode"]: r for r in map(json.loads, p.stdout.splitlines())}
-    assert set(recs) == {"confirm", "written"}, p.stdout
+    lines = list(map(json.loads, p.stdout.splitlines()))
+    assert sorted((r["fleet"], r["setting"], r["mode"]) for r in lines) == [
+        ("own", "mtu9001_rtt0.2_own", "confirm"), ("own", "mtu9001_rtt0.2_own", "written"),
+        ("shared", "mtu9001_rtt0.2", "confirm"), ("shared", "mtu9001_rtt0.2", "written")], lines
+    for fleet in ("shared", "own"):
+        recs = {r["mode"]: r for r in lines if r["fleet"] == fleet}
+        ack_latency_cell(recs)
+
+
+def ack_latency_cell(recs):
+    """One cell of loadtest/ack-latency, both modes: <recs> by mode."""
     for r in recs.values():
         assert r["mtu"] == 9001 and r["rtt"] == "0.2" and r["dispatches"] == 20, r
         assert r["true"] + r["false"] == 20 and r["true"] > 0 and r["errors"] == 0, r
