@@ -823,8 +823,8 @@ def run_cells(net, modes, server_args=(), *, rtt_ms=0.0, jitter_ms=0.0, loss=0.0
                 procs[mode].append(node_controllers(ns, srv.port, grp, work_ms, host=host,
                                                     connect_each_poll=connect_each_poll,
                                                     idle=apart, own_pools=own_pools))
-        # a node process takes about half a second of CPU to start: with one
-        # per controller (process_each), tens of them under SCHED_IDLE
+        # node processes start slowly under SCHED_IDLE: with one per
+        # controller (process_each), 40 of them took more than 30 s
         deadline = time.monotonic() + 30 + sum(len(p) for p in procs.values())
         for mode, srv in servers.items():
             while srv.metrics(Metrics).parked_now < want:
