@@ -251,7 +251,7 @@ class Recorder:
 
 def test_own_pools_keep_each_controllers_connections(net, node_ready, request):
     """impair.node_controllers(own_pools=True), as loadtest/ack-latency
-    --own-pools runs the real client: the clients share a node process but
+    --fleets own runs the real client: the clients share a node process but
     not its connections. Each names the server by a host name of its own,
     so node keeps a pool per client, as a run controller in its own
     container has: every connection carries one controller's requests,
