@@ -591,8 +591,8 @@ def wait_stopped(pid, timeout=5.0):
 class Server:
     def __init__(self, args=(), env=None, listen=True, preexec_fn=None, binary=None):
         self.args = [binary or BIN] + (["--listen", f"{HOST}:0"] if listen else []) + list(args)
-        self.errf = tempfile.TemporaryFile()
-        self.outf = tempfile.TemporaryFile()
+        self.errf = impair.log_file()
+        self.outf = impair.log_file()
         self.proc = subprocess.Popen(self.args, stdin=subprocess.DEVNULL,
                                      stdout=self.outf, stderr=self.errf,
                                      env=clean_env(env), preexec_fn=preexec_fn)

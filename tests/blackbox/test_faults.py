@@ -8,12 +8,12 @@ import os
 import resource
 import socket
 import subprocess
-import tempfile
 import threading
 import time
 
 import pytest
 
+import impair
 from conftest import (BIN, EXAMPLE, HOST, Conn, ConnectionClosed, Server,
                       assert_ledger, build_request, clean_env, make_message,
                       poll_headers, read_payload, request, reset_close)
@@ -324,8 +324,8 @@ class FdLimitedServer(Server):
 
     def __init__(self, nofile, args=()):
         self.args = [BIN, "--listen", f"{HOST}:0"] + list(args)
-        self.errf = tempfile.TemporaryFile()
-        self.outf = tempfile.TemporaryFile()
+        self.errf = impair.log_file()
+        self.outf = impair.log_file()
 
         def limit():
             resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))

@@ -22,6 +22,7 @@ import time
 
 import pytest
 
+import impair
 from conftest import (BIN, check_sanitizers, clean_env, get, json_lines, make_message,
                       poll_headers, read_payload, request, run_binary)
 
@@ -221,7 +222,7 @@ class Proc:
     harness's servers: SIGTERM, exit 0, no sanitizer report."""
 
     def __init__(self, argv, env=None):
-        self.errf = tempfile.TemporaryFile()
+        self.errf = impair.log_file()
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, stderr=self.errf,
                                      env=clean_env(env))

@@ -13,11 +13,11 @@ import select
 import signal
 import socket
 import subprocess
-import tempfile
 import time
 
 import pytest
 
+import impair
 from conftest import (BIN, HOST, UNDER_VALGRIND, Conn, assert_ledger, check_sanitizers,
                       clean_env, key_of, make_message, poll_headers, request, scrape,
                       wait_metrics)
@@ -233,7 +233,7 @@ def test_a_binary_replaced_on_disk_is_the_one_started(tmp_path):
     copy = tmp_path / "pilotlight"
     copy.write_bytes(open(BIN, "rb").read())
     copy.chmod(0o755)
-    errf = tempfile.TemporaryFile()
+    errf = impair.log_file()
     proc = subprocess.Popen([str(copy), "--listen", f"{HOST}:0"], stdin=subprocess.DEVNULL,
                             stderr=errf, stdout=subprocess.DEVNULL, env=clean_env())
     try:

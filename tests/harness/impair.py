@@ -21,6 +21,7 @@ removed again: ImpairedNet is a context manager, and the wire exits with the
 process that started it.
 """
 import ctypes
+import fcntl
 import json
 import math
 import os
@@ -65,6 +66,17 @@ def raise_fd_limit(want=8192):
 # --------------------------------------------------------------------------
 
 PR_SET_PDEATHSIG = 1
+
+
+def log_file():
+    """A temporary file for a child's stderr, which the test reads while the
+    child writes: opened for appending, so the child's writes land at the
+    end whatever offset the reader's seek(0) left in the file description
+    they share (without it, a line written between that seek and the read
+    overwrote the file's start)."""
+    f = tempfile.TemporaryFile()
+    fcntl.fcntl(f, fcntl.F_SETFL, fcntl.fcntl(f, fcntl.F_GETFL) | os.O_APPEND)
+    return f
 
 
 def child_in(ns, idle=False, hosts=None):

@@ -287,7 +287,7 @@ class Instance:
         self.slot, self.addr = slot, ADDRS[slot]
         # its name in the figures: the address, and which start there
         self.name = self.addr if generation == 1 else f"{self.addr}#{generation}"
-        self.errf = tempfile.TemporaryFile()
+        self.errf = impair.log_file()
         self.args = [binary, "--config", str(conf), "--listen", f"{self.addr}:{PORT}",
                      "--drain-delay-ms", str(lab.drain_delay_ms), *extra_args]
         env = {k: v for k, v in os.environ.items() if not k.startswith("PILOTLIGHT_")}
