@@ -60,9 +60,11 @@ def test_cycle_fixed_rate_table(server):
 def test_cycle_hold_confirms_by_report_or_next_poll(start_server, hold_ms):
     """--hold: a controller that runs its task before polling again (longer
     than Linux's 40 ms delayed ACK, so its kernel ACKs at once) has its ACK
-    reported on its own, the way production controllers are confirmed. One
-    that polls again at once may have it carried by that poll. Either way
-    every run is confirmed, none by polling the kernel."""
+    reported on its own, the way production controllers are confirmed, none
+    by polling the kernel. One that polls again at once may have it carried
+    by that poll, or, when the poll is later than the broker's first look
+    (3 ms after the write; a busy machine allows it), found by that look.
+    Either way every run is confirmed."""
     srv = start_server("--delivery", "confirm")
     recs, out = loadgen(srv, "--controllers", "40", "--dispatchers", "4", "--keys", "4",
                         "--rate", "200", "--pace", "timer", "--hold", str(hold_ms),
@@ -74,9 +76,9 @@ def test_cycle_hold_confirms_by_report_or_next_poll(start_server, hold_ms):
     m = srv.metrics()
     got = {k: m.get("pilotlight_confirm_method_total", method=k)
            for k in ("ack_event", "next_request", "poll_fallback")}
-    assert got["ack_event"] + got["next_request"] >= r["hits"], got
-    assert got["poll_fallback"] == 0, got
+    assert sum(got.values()) >= r["hits"], got
     if hold_ms:
+        assert got["poll_fallback"] == 0, got
         assert got["ack_event"] >= 0.75 * sum(got.values()), got
 
 
