@@ -392,7 +392,8 @@ def syscalls_table(g, out):
                         cell(c, "but_wait", 2), f"{bc / bw:.3f}"]))
         med = {k: (w.median(f"by_call.{k}"), c.median(f"by_call.{k}"))
                for k in w.recs[0]["by_call"]}
-        for k, (mw, mc) in sorted(med.items(), key=lambda kv: -sum(kv[1])):
+        # Ties by name: the calls come from a set, whose order changes run to run.
+        for k, (mw, mc) in sorted(med.items(), key=lambda kv: (-sum(kv[1]), kv[0])):
             if max(mw, mc) < SYSCALLS_SHOWN:
                 continue
             out.append(row(["", f"`{k}`", "", cell(w, f"by_call.{k}", 2),
@@ -787,7 +788,7 @@ def results(g, meta, out):
                 table(g, k, out)
 
 
-def method(meta, commands, out):
+def method(meta, commands, out, exact_wire=False):
     s = meta.get("settings", {})
 
     def v(name, default="?"):
@@ -883,7 +884,12 @@ def method(meta, commands, out):
         f"`WarmStartClient` (`@trigger.dev/core`, `tests/compat/controllers.mjs`) as every "
         f"controller: 40 of them in one node process over 4 keys, each working 0.5–1.5 s after "
         f"a run before it polls again, joined to pilotlight by `pl-wire` with half the RTT "
-        f"each way, a jitter of RTT/40 and the cell's MTU on both ends; MTU "
+        f"each way, a jitter of RTT/40 and the cell's MTU on both ends"
+        + ("" if not exact_wire else
+           " (the delay fitted so that the kernel measures the cell's RTT over a handshake: "
+           "pl-wire's own wake-ups add 0.1–0.4 ms a round trip here, which are taken off "
+           "it, [notes/2026-12-05-wire-rtt.md](notes/2026-12-05-wire-rtt.md))") +
+        f"; MTU "
         f"{listed('ACK_MTUS')} × RTT {listed('ACK_RTTS')} ms, and the same fleet over "
         f"pilotlight's loopback (MTU 65,536). Per cell and mode a fresh pilotlight, a "
         f"fleet of its own and {v('ACK_DISPATCHES')} runs dispatched open loop at "
@@ -969,7 +975,10 @@ def main():
         out.extend(row(list(r)) for r in rows)
         out.append("")
     results(g, meta, out)
-    method(meta, commands, out)
+    # Lines from before the wire was fitted carry no wire_rtt_ms.
+    exact_wire = any(r.get("wire_rtt_ms") is not None for (sc, _, _), rs in g.items()
+                     if sc == "ack" for r in rs)
+    method(meta, commands, out, exact_wire)
     print("\n".join(out).rstrip("\n"))
 
 

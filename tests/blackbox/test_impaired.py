@@ -287,3 +287,21 @@ def test_own_pools_keep_each_controllers_connections(net, node_ready, request):
     assert all(len(h) == 1 for h in owners.values()), owners
     per_conn = [sum(1 for s in polls if s[0] == conn) for conn in owners]
     assert max(per_conn) >= 2, per_conn  # kept and used again
+
+
+def test_fit_rtt_takes_the_wires_own_cost_off_its_delay(net):
+    """ImpairedNet.fit_rtt, as loadtest/ack-latency's exact wire uses it:
+    the delay asked of the wire is the RTT less what the wire was measured
+    to add, and what the kernel then measures is at least that delay
+    (nothing crosses faster than the wire is told), within a few ms of the
+    RTT wanted."""
+    assert impair.fitted_rtt(1.0, 1.3) == pytest.approx(0.7)
+    assert impair.fitted_rtt(0.2, 0.7) == 0.0  # never below no delay at all
+    assert impair.fitted_rtt(1.0, 0.9) == 1.0  # never adding what was not lost
+    try:
+        net.shape(rtt_ms=5)
+        asked, measured = net.fit_rtt(5)
+    finally:
+        net.shape()
+    assert 0 < asked <= 5
+    assert asked <= measured < 15, (asked, measured)

@@ -158,6 +158,14 @@ def why_unavailable():
     return None
 
 
+def fitted_rtt(want_ms, measured_ms):
+    """The RTT to ask of the wire for a path of <want_ms>, when asking
+    for <want_ms> measured <measured_ms>: the wire's own cost adds to any
+    delay alike, so one step takes it off (never below no delay at all,
+    and never adding delay the wire did not lose)."""
+    return max(0.0, want_ms - max(0.0, measured_ms - want_ms))
+
+
 def wire_binary(server_bin):
     """pl-wire from the build beside <server_bin> (or ./build); None if not built."""
     if os.environ.get("PL_WIRE_BIN"):
@@ -317,6 +325,25 @@ class ImpairedNet:
             w.cmd(f"drop ip {a} off")
         w.cmd(f"seed {seed}")
         w.cmd("reset")
+
+    def fit_rtt(self, rtt_ms, samples=15):
+        """Takes off the wire's delay what the wire itself adds, so that
+        the RTT the kernel measures over a handshake is <rtt_ms>: pl-wire
+        wakes to read a packet and again when it is due, each up to 0.1 ms
+        late or more at the median on a virtual machine, 0.1-0.4 ms a round
+        trip that a real path of that RTT does not have
+        (docs/notes/2026-12-05-wire-rtt.md). Call after shape(); the
+        jitter stays and counts in the RTT. Measures against a listener of
+        S's own, sets the delay and returns (the RTT asked of the wire,
+        the RTT then measured)."""
+        ls = in_ns(self.srv, lambda: socket.create_server((SRV_IP, 0), backlog=2 * samples + 8))
+        try:
+            port = ls.getsockname()[1]
+            asked = fitted_rtt(rtt_ms, self.connect_rtt_ms(port, samples))
+            self.wire.cmd(f"delay both {asked * 500:.0f}")
+            return asked, self.connect_rtt_ms(port, samples)
+        finally:
+            ls.close()
 
     def drop_all(self, on=True):
         self.wire.cmd(f"drop all {'on' if on else 'off'}")
@@ -759,7 +786,7 @@ def run_cells(net, modes, server_args=(), *, rtt_ms=0.0, jitter_ms=0.0, loss=0.0
               keys=4, per_key=10, node_keys=(), dispatches=150, rate=25.0,
               work_ms=(500, 1500), seed=1, tag="cell", payload_bytes=0, loopback=False,
               binary=None, connect_each_poll=False, process_each=False, own_pools=False,
-              capture=None, apart=False):
+              capture=None, apart=False, exact_rtt=False):
     """Runs one cell per mode of <modes>, all at once: shapes the wire,
     starts a pilotlight per mode in S with --delivery <mode>, a fleet per
     pilotlight in C, and <dispatches> runs with unique ids for each at
@@ -796,7 +823,12 @@ def run_cells(net, modes, server_args=(), *, rtt_ms=0.0, jitter_ms=0.0, loss=0.0
     (`written` answers before the run arrives). SCHED_IDLE gives them only
     CPU time nobody else wants, and a waking broker, wire or dispatcher
     takes their CPU at once; the wire then delays packets by what it was
-    asked, not by a wait for a CPU. Figures say which ("apart")."""
+    asked, not by a wait for a CPU. Figures say which ("apart").
+
+    <exact_rtt>: the path's RTT is <rtt_ms> as the kernel measures it over
+    a handshake, not <rtt_ms> and what the wire's own wake-ups add to it
+    (ImpairedNet.fit_rtt). Figures carry the RTT asked of the wire
+    ("wire_rtt_ms"; <rtt_ms> without exact_rtt)."""
     if str(REPO_ROOT / "tests") not in sys.path:  # run from loadtest/
         sys.path.insert(0, str(REPO_ROOT / "tests"))
     from conftest import EXAMPLE, Metrics, Server  # the suite's helpers
@@ -806,6 +838,7 @@ def run_cells(net, modes, server_args=(), *, rtt_ms=0.0, jitter_ms=0.0, loss=0.0
     apart = apart and net.wire.realtime(True)  # else: shared, and said so
     if not apart:
         net.wire.realtime(False)
+    wire_rtt = net.fit_rtt(rtt_ms)[0] if exact_rtt and rtt_ms > 0 and not loopback else rtt_ms
     together = len(modes) > 1
     servers, procs, disp, cap = {}, {m: [] for m in modes}, None, None
     ns, host = (net.srv, "127.0.0.1") if loopback else (net.ctl, SRV_IP)
@@ -899,6 +932,7 @@ def run_cells(net, modes, server_args=(), *, rtt_ms=0.0, jitter_ms=0.0, loss=0.0
                                   [(c, r) for c, r in got if group.get(r) == g])
                          for g in sorted({group[r] for r in run_ids})}
         f["rtt_ms"] = measured_rtt[mode]
+        f["wire_rtt_ms"] = wire_rtt
         f["apart"] = apart
         f["together"] = list(modes) if together else None
         f["wire"], f["wire_all"] = dict(wire), wire
