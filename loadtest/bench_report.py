@@ -889,7 +889,7 @@ def method(meta, commands, out, exact_wire=False):
            " (the delay fitted so that the kernel measures the cell's RTT over a handshake: "
            "pl-wire's own wake-ups add 0.1–0.4 ms a round trip here, which are taken off "
            "it, [notes/2026-12-05-wire-rtt.md](notes/2026-12-05-wire-rtt.md))") +
-        f"; MTU "
+        "; MTU "
         f"{listed('ACK_MTUS')} × RTT {listed('ACK_RTTS')} ms, and the same fleet over "
         f"pilotlight's loopback (MTU 65,536). Per cell and mode a fresh pilotlight, a "
         f"fleet of its own and {v('ACK_DISPATCHES')} runs dispatched open loop at "
