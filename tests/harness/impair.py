@@ -329,10 +329,10 @@ class ImpairedNet:
     def fit_rtt(self, rtt_ms, samples=15):
         """Takes off the wire's delay what the wire itself adds, so that
         the RTT the kernel measures over a handshake is <rtt_ms>: pl-wire
-        wakes to read a packet and again when it is due, each up to 0.1 ms
-        late or more at the median on a virtual machine, 0.1-0.4 ms a round
-        trip that a real path of that RTT does not have
-        (docs/notes/2026-12-05-wire-rtt.md). Call after shape(); the
+        wakes to read a packet and again when it is due, and on a virtual
+        machine most of those wake-ups come 0.1 ms or more late (the
+        median), 0.1-0.4 ms a round trip that a real path of that RTT does
+        not have (docs/notes/2026-12-05-wire-rtt.md). Call after shape(); the
         jitter stays and counts in the RTT. Measures against a listener of
         S's own, sets the delay and returns (the RTT asked of the wire,
         the RTT then measured)."""
