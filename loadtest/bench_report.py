@@ -526,6 +526,46 @@ def ack_table(g, out):
     out.append("")
 
 
+def ack_legs_table(g, out):
+    """Where `confirm`'s time went, per wire cell whose runs were captured on
+    both TUN devices (ack-latency's legs)."""
+    cells = [c for c in ack_cells(g) if c[4].get("confirm") and
+             c[4]["confirm"].values("at_rtt_ms.p90")]
+    if not cells:
+        return
+    several = len({c[0] for c in cells}) > 1
+    fleets = len({c[1] for c in cells}) > 1
+    out.extend(head((["server"] if several else []) + (["fleet"] if fleets else []) + [
+        "MTU", "RTT ms (measured)", "crossings p50 / p90 / p99 ms",
+        "`confirm` p50 / p90 / p99 ms", "`confirm`, crossings at the RTT, p50 / p90 / p99 ms",
+        "`confirm` runs beyond the bound", "their time beyond the medians: to the "
+        "wire / out / ACK / back / answer, ms", "of them / of all runs, in flight during a "
+        "late wake-up", "late wake-ups (worst ms)"]))
+    for b, fleet, mtu, rtt, modes in cells:
+        c = modes["confirm"]
+        line = ([b] if several else []) + ([ack_fleet(fleet)] if fleets else []) + [
+            f"{mtu:,}", ack_rtt(rtt, c),
+            " / ".join(cell(c, f"crossings_ms.{p}", 1) for p in ("p50", "p90", "p99")),
+            " / ".join(cell(c, f"{p}_ms", 1) for p in ("p50", "p90", "p99")),
+            " / ".join(cell(c, f"at_rtt_ms.{p}", 1) for p in ("p50", "p90", "p99")),
+            cell(c, "legs_slow", 0),
+            " / ".join(cell(c, f"slow_beyond_ms.{k}", 0)
+                       for k in ("to_wire", "out", "ack", "back", "answer")),
+            f"{c.total('slow_met_late'):,.0f} of {c.total('slow'):,.0f} / "
+            f"{c.total('runs_met_late'):,.0f} of {c.total('dispatches'):,.0f}",
+            f"{cell(c, 'machine_late', 0)} ({cell(c, 'machine_worst_ms', 0)})"]
+        out.append(row(line))
+    out.append("")
+
+
+def at_rtt(runs, p):
+    """A real-client target's second figure: `confirm`'s <p> with the wire's
+    crossings taken as the cell's RTT (ack-latency's legs), where measured;
+    the verdict stays with the first."""
+    z = runs.median(f"at_rtt_ms.{p}")
+    return "" if z is None else f" (the wire's crossings taken as the RTT: {z:.1f} ms)"
+
+
 def ack_targets(g):
     """The real client's targets: per cell, `confirm`'s tail against
     `written`'s (near) or against the round trip (far); and the promise
@@ -550,8 +590,8 @@ def ack_targets(g):
                 if x is None or y is None:
                     rows.append((what, "no answers", verdict(False)))
                     continue
-                rows.append((what, f"{x:.1f} ms vs {y:.1f} + {over:g} = {y + over:.1f} ms",
-                             verdict(x <= y + over)))
+                rows.append((what, f"{x:.1f} ms vs {y:.1f} + {over:g} = {y + over:.1f} ms"
+                             + at_rtt(c, p), verdict(x <= y + over)))
         else:
             x, measured = c.median("p90_ms"), c.median("rtt_ms")
             what = (f"Trigger.dev's client: `confirm` p90 ≤ the measured RTT + "
@@ -561,7 +601,7 @@ def ack_targets(g):
                 continue
             bound = measured + ACK_P90_OVER_RTT_MS
             rows.append((what, f"{x:.1f} ms vs {measured:.1f} + {ACK_P90_OVER_RTT_MS:g} = "
-                         f"{bound:.1f} ms", verdict(x <= bound)))
+                         f"{bound:.1f} ms" + at_rtt(c, "p90"), verdict(x <= bound)))
     if cells:
         runs = [r for *_, modes in cells for r in modes.values()]
         bad = sum(r.total(k) for r in runs for k in PROMISE)
@@ -780,6 +820,22 @@ def results(g, meta, out):
                    "late). The last column counts what would break the delivery promise, both "
                    "modes.\n")
         ack_table(g, out)
+        if any(c[4].get("confirm") and c[4]["confirm"].values("at_rtt_ms.p90")
+               for c in ack_cells(g)):
+            out.append("Where `confirm`'s time went, from both TUN devices captured: a run's "
+                       "time split into legs, to the wire (dispatcher and broker), out (the "
+                       "wire's crossing), ACK (the controller's kernel), back (the ACK's "
+                       "crossing) and answer (from the ACK's arrival to the answer read). "
+                       "Crossings: out + back per run, what the round trip took on this wire, "
+                       "whose wake-ups add a tail a real path does not have; `confirm` with "
+                       "them taken as the cell's RTT is what the rest of the path took plus "
+                       "that RTT. The runs slower than the bound (at RTT 1 ms or less, "
+                       "`written`'s p90 + 2 ms; farther, the RTT + 5 ms), each leg's time "
+                       "beyond its median summed over them, and how many of them (and of all "
+                       "runs) were in flight while `pl-lateness` (a SCHED_FIFO thread on each CPU waking "
+                       "every millisecond) woke a millisecond or more late; late wake-ups: "
+                       "how many in the cell, and the latest.\n")
+            ack_legs_table(g, out)
     for title, keys in (("Parked polls", ["idle"]), ("Churn", ["churn"]),
                         ("Scale", ["scale99", "scale50"])):
         if any(settings_of(g, TABLES[k][0], TABLES[k][1]) for k in keys):
@@ -788,7 +844,7 @@ def results(g, meta, out):
                 table(g, k, out)
 
 
-def method(meta, commands, out, exact_wire=False):
+def method(meta, commands, out, exact_wire=False, legs=False):
     s = meta.get("settings", {})
 
     def v(name, default="?"):
@@ -918,7 +974,16 @@ def method(meta, commands, out, exact_wire=False):
         f"each ACK was learnt: `pilotlight_confirm_method_total`. Not pinned. Up to "
         f"{ACK_NEAR_MS:g} ms of RTT, `confirm` is judged against `written` in the same cell; "
         f"further, against the cell's RTT as the kernel measured it over a handshake; "
-        f"loopback is shown, not judged.\n"
+        f"loopback is shown, not judged."
+        + ("" if not legs else
+           " Each wire cell is also captured on both TUN devices (`AF_PACKET`, the kernel's "
+           "timestamps) and each run split into legs by its segments (`impair.run_legs`): "
+           "each target gives `confirm`'s figure once more with the two crossings taken as "
+           "the cell's RTT, the rest of each run's time as measured (in brackets; the verdict is "
+           "the measured figure's); and `pl-lateness` "
+           "(`tests/impair/lateness.c`) runs through the dispatches, a SCHED_FIFO thread on "
+           "each CPU waking every millisecond, to say when the machine itself was slow.")
+        + "\n"
         f"- **modes**: two pilotlights share CPU 0, each under its own pl-loadgen on CPU 1, in "
         f"opposite delivery modes; every {v('MODE_SECS')} s, for {v('MODE_SLICES')} slices, "
         f"`loadtest/bench_modes.py` rewrites both configs and sends SIGHUP, swapping the roles "
@@ -978,7 +1043,9 @@ def main():
     # Lines from before the wire was fitted carry no wire_rtt_ms.
     exact_wire = any(r.get("wire_rtt_ms") is not None for (sc, _, _), rs in g.items()
                      if sc == "ack" for r in rs)
-    method(meta, commands, out, exact_wire)
+    legs = any(get(r, "at_rtt_ms.p90") is not None for (sc, _, _), rs in g.items()
+               if sc == "ack" for r in rs)
+    method(meta, commands, out, exact_wire, legs)
     print("\n".join(out).rstrip("\n"))
 
 

@@ -305,3 +305,86 @@ def test_fit_rtt_takes_the_wires_own_cost_off_its_delay(net):
         net.shape()
     assert 0 < asked <= 5
     assert asked <= measured < 10, (asked, measured)
+
+
+def test_legs_split_each_run_where_its_time_went(net, tmp_path, request):
+    """A cell captured on both TUN devices (run_cells' capture) is split run
+    by run into legs (impair.run_legs): every answered run is found on the
+    wire, neither crossing is shorter than the wire's delay each way (a run
+    matched to the wrong segment would be), and no leg is negative; only
+    `confirm` has an answer leg. pl-lateness ran through the dispatches."""
+    rtt, n = 6.0, 40
+    cap = str(tmp_path / "cell.txt")
+    fs = impair.run_cells(net, list(MODES), dispatches=n, rate=20, keys=KEYS, per_key=PER_KEY,
+                          work_ms=WORK_MS, tag="legs", rtt_ms=rtt, capture=cap, lateness=True)
+    files = impair.capture_files(cap)
+    with open(files["runs"]) as fh:
+        cell = json.load(fh)
+    assert cell["rtt_ms"] == rtt
+    legs = impair.run_legs(cell["runs"], impair.capture_segments(files["controllers"]),
+                           impair.capture_segments(files["server"]), impair.SRV_IP)
+    figs = impair.legs_figures(legs, rtt)
+    impair.show(request, f"legs at RTT {rtt:g} ms: {figs}")
+    for mode in MODES:
+        assert len(legs.get(mode, ())) == fs[mode]["true"] >= n // 2, (mode, fs[mode])
+        for r in legs[mode]:
+            assert r["out"] >= rtt / 2 and r["back"] >= rtt / 2, r
+            assert min(r[k] for k in ("to_wire", "ack")) >= 0, r
+            assert (r["answer"] is None) == (mode == "written"), r
+            if mode == "confirm":
+                assert r["answer"] >= 0 and r["latency"] >= r["out"] + r["back"], r
+    assert figs["confirm"]["wire_rtt_ms"][0] >= rtt
+    assert figs["confirm"]["at_rtt_ms"][0] <= fs["confirm"]["p50_ms"]
+    machine = fs["confirm"]["machine"]
+    assert machine["wakeups"] >= 1000, machine  # two seconds of dispatches, a wake-up a ms
+    assert machine == fs["written"]["machine"] | {k: machine[k] for k in (
+        "runs_met_late", "slow", "slow_met_late")}
+
+
+def test_lateness_and_legs_arithmetic():
+    """The harness's pure parts behind the legs: pl-lateness's lines, which
+    runs met a late wake-up, the bound a `confirm` answer is slow beyond,
+    and a cell's figures from its legs."""
+    text = "0 1000000000 2000000\n1 3000000000 1500000\n# wakeups 5000 late 2 worst_ns 2000000\n"
+    f = impair.read_lateness(text)
+    assert f == {"wakeups": 5000, "late": 2, "worst_ms": 2.0,
+                 "stalls": [(1.0, 1.002), (3.0, 3.0015)]}
+    # runs in flight [start, end): one overlaps the first stall, one the
+    # second, one neither; a run ending as a stall begins did not meet it
+    assert impair.met_stalls([(0.999, 1.0005), (2.9, 3.1), (1.5, 1.6), (0.9, 1.0)],
+                             f["stalls"]) == 2
+    assert impair.slow_bound_ms(1.0, 0.8) == pytest.approx(2.8)
+    assert impair.slow_bound_ms(0.2, None) is None
+    assert impair.slow_bound_ms(20.0, 0.8) == 25.0
+
+    def run(latency, to_wire, out, ack, back, answer):
+        return {"latency": latency, "to_wire": to_wire, "out": out, "ack": ack, "back": back,
+                "answer": answer}
+    legs = {"confirm": [run(2.0, 0.2, 0.6, 0.0, 0.6, 0.6)] * 8
+            + [run(6.0, 0.2, 4.6, 0.0, 0.6, 0.6), run(9.0, 0.2, 0.6, 0.0, 0.6, 7.6)],
+            "written": [run(0.5, 0.2, 0.6, 0.0, 0.6, None)] * 10}
+    figs = impair.legs_figures(legs, 1.0)
+    c = figs["confirm"]
+    assert c["wire_rtt_ms"] == pytest.approx([1.2, 1.2, 5.2])
+    assert c["at_rtt_ms"] == pytest.approx([1.8, 1.8, 8.8])  # the crossings as 1 ms
+    assert c["slow"] == 2  # beyond 0.5 + 2 ms
+    assert c["slow_beyond_ms"] == pytest.approx({"to_wire": 0, "out": 4.0, "ack": 0,
+                                                 "back": 0, "answer": 7.0})
+    assert "at_rtt_ms" not in figs["written"] and "answer" not in figs["written"]["legs_p50_ms"]
+
+
+def test_pl_lateness_reports_its_wakeups(tmp_path):
+    """pl-lateness wakes on every CPU, prints a line per wake-up past its
+    threshold (1 µs here: nearly all of them; a timer never fires early)
+    and its summary on SIGTERM."""
+    wire = impair.wire_binary(BIN)
+    probe = wire and impair.lateness_binary(wire)
+    if probe is None:
+        pytest.fail("tests/pl-lateness is not built (ninja -C build)")
+    p = impair.Lateness(probe, period_us=1000, threshold_us=1)
+    time.sleep(0.3)
+    f = p.stop()
+    assert p.proc.returncode == 0
+    assert f["wakeups"] >= 100 * len(os.sched_getaffinity(0)), f["wakeups"]
+    assert f["late"] == len(f["stalls"]) >= f["wakeups"] * 9 // 10, (f["late"], f["wakeups"])
+    assert all(0 < b - a <= f["worst_ms"] / 1000 + 1e-9 for a, b in f["stalls"])

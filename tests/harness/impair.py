@@ -20,6 +20,7 @@ Standard library only, plus conftest's helpers. Everything made here is
 removed again: ImpairedNet is a context manager, and the wire exits with the
 process that started it.
 """
+import bisect
 import ctypes
 import fcntl
 import json
@@ -178,6 +179,49 @@ def wire_binary(server_bin):
     return None
 
 
+def lateness_binary(wire_bin):
+    """pl-lateness from the build of <wire_bin>; None if not built."""
+    p = Path(wire_bin).parent / "pl-lateness"
+    return str(p) if os.access(p, os.X_OK) else None
+
+
+class Lateness:
+    """How late the machine woke a SCHED_FIFO timer on each CPU while it ran
+    (tests/impair/lateness.c): every wake-up a millisecond or more past due
+    is a stretch in which the machine, not the program measured, held
+    things up. stop() returns {"wakeups", "late", "worst_ms", "stalls":
+    [(from, to)] in time.monotonic() seconds, any CPU}."""
+
+    def __init__(self, binary, period_us=1000, threshold_us=1000):
+        self.proc = subprocess.Popen([binary, str(period_us), str(threshold_us)],
+                                     stdout=subprocess.PIPE, text=True)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        out, _ = self.proc.communicate(timeout=10)
+        return read_lateness(out)
+
+
+def read_lateness(text):
+    """pl-lateness's output as Lateness.stop() returns it."""
+    f = {"wakeups": 0, "late": 0, "worst_ms": 0.0, "stalls": []}
+    for line in text.splitlines():
+        w = line.split()
+        if w[:1] == ["#"] and len(w) == 7:
+            f["wakeups"], f["late"], f["worst_ms"] = int(w[2]), int(w[4]), int(w[6]) / 1e6
+        elif len(w) == 3:
+            due, late = int(w[1]) / 1e9, int(w[2]) / 1e9
+            f["stalls"].append((due, due + late))
+    return f
+
+
+def met_stalls(windows, stalls):
+    """How many of <windows> [(start, end)] overlap one of <stalls>
+    [(from, to)], the same clock."""
+    return sum(any(s < b and a < e for s, e in stalls) for a, b in windows)
+
+
 def _ip(*args):
     p = subprocess.run(["ip"] + list(args), capture_output=True, text=True, timeout=10)
     if p.returncode != 0:
@@ -271,7 +315,7 @@ class ImpairedNet:
         pid = os.getpid()
         self.srv, self.ctl = f"pl-is{pid}", f"pl-ic{pid}"
         self.srv_dev, self.ctl_dev = f"plis{pid}", f"plic{pid}"
-        self.mtu = mtu
+        self.mtu, self.wire_bin = mtu, wire_bin
         self.wire = None
         sweep_namespaces()
         try:
@@ -366,6 +410,111 @@ class ImpairedNet:
                 s.close()
             return sorted(out)[len(out) // 2]
         return in_ns(self.srv if loopback else self.ctl, go)
+
+
+def capture_files(path):
+    """The files of a run_cells capture at <path> (the controllers' side):
+    {"controllers", "server", "runs"}."""
+    stem = path[:-4] if path.endswith(".txt") else path
+    return {"controllers": path, "server": stem + ".server.txt", "runs": stem + ".runs.json"}
+
+
+LEGS = ("to_wire", "out", "ack", "back", "answer")
+
+
+def capture_segments(path):
+    """A capture file's segments: (time, src, dst, flags, seq, ack, len)."""
+    segs = []
+    for ln in open(path):
+        t, src, _, dst, flags, seq, ack, n = ln.split()
+        segs.append((float(t), src, dst, flags, int(seq[4:]), int(ack[4:]), int(n[4:])))
+    return segs
+
+
+def run_legs(runs, ctl, srv, server):
+    """Splits each answered run's time where it went, from the dispatches
+    (<runs>, a capture's "runs" file) and the segments on both TUN devices
+    (<ctl>, <srv>: capture_segments()). Per run, in ms: to_wire, from the
+    dispatch to its answer's last segment entering the wire on the server's
+    side (the dispatcher and the broker); out, that segment's crossing;
+    ack, the controller's kernel, from its arrival to the ACK of its last
+    byte; back, that ACK's crossing; answer, from the ACK's arrival to the
+    dispatcher reading its answer (`confirm` only: `written` answers before
+    the run crosses). Returns {mode: [{leg: ms, "latency": ms}]}."""
+    from_srv, by_conn_ctl, by_conn_srv = {}, {}, {}
+    for t, src, dst, _, seq, ack, n in srv:
+        by_conn_srv.setdefault((src, dst), []).append((t, seq, ack, n))
+        if n > 0 and src.startswith(server + ":"):
+            from_srv.setdefault(int(src.rpartition(":")[2]), []).append((t, src, dst, seq, n))
+    for t, src, dst, _, seq, ack, n in ctl:
+        by_conn_ctl.setdefault((src, dst), []).append((t, seq, ack, n))
+    out = {}
+    for r in sorted(runs.values(), key=lambda r: r["sent"]):
+        data = from_srv.get(r["port"], [])
+        if r["answer"] is not True or not data:
+            continue
+        i = bisect.bisect_left(data, (r["sent"],))
+        if i == len(data) or data[i][0] > r["sent"] + r["latency"] + 0.05:
+            continue
+        t0, src, dst = data[i][:3]
+        # the answer: its segments on that connection within 2 ms (head, body)
+        last = [d for d in data[i:i + 8] if (d[1], d[2]) == (src, dst) and d[0] - t0 < 0.002][-1]
+        end = (last[3] + last[4]) % 2**32
+        arrived = next((s[0] for s in by_conn_ctl.get((src, dst), ())
+                        if s[1] == last[3] and s[3] > 0 and s[0] >= last[0]), None)
+        ack = next((s for s in by_conn_ctl.get((dst, src), ())
+                    if arrived is not None and s[0] >= arrived
+                    and (s[2] - end) % 2**32 < 2**31), None)
+        back = ack and next((s[0] for s in by_conn_srv.get((dst, src), ())
+                             if s[1:] == ack[1:] and s[0] >= ack[0]), None)
+        if back is None:
+            continue
+        answered = r["sent"] + r["latency"]
+        legs = {"latency": r["latency"] * 1000, "to_wire": (last[0] - r["sent"]) * 1000,
+                "out": (arrived - last[0]) * 1000, "ack": (ack[0] - arrived) * 1000,
+                "back": (back - ack[0]) * 1000,
+                "answer": (answered - back) * 1000 if r["mode"] == "confirm" else None}
+        out.setdefault(r["mode"], []).append(legs)
+    return out
+
+
+def slow_bound_ms(rtt_ms, written_p90_ms):
+    """When a `confirm` answer counts as slow, the bound it is held to: on a
+    path of 1 ms or less, `written`'s p90 + 2 ms; farther, the RTT + 5 ms."""
+    if rtt_ms > 1.0:
+        return rtt_ms + 5.0
+    return None if written_p90_ms is None else written_p90_ms + 2.0
+
+
+def legs_figures(legs, rtt_ms):
+    """A cell's run_legs() in figures. Per mode: "wire_rtt_ms", p50 / p90 /
+    p99 of the wire's two crossings (out + back) per run, what the path's
+    round trip was for the runs; "legs_p50_ms", each leg's median. For
+    `confirm`, also "at_rtt_ms": p50 / p90 / p99 of its answer time with
+    the two crossings taken as <rtt_ms>, the cell's RTT, instead of what
+    the wire took (a lab wire's wake-ups have a tail a real path does not);
+    "slow", its runs answered later than slow_bound_ms() (with `written`'s
+    p90 where `written` ran), and "slow_beyond_ms", each leg's time beyond
+    its median summed over them: where the slow runs' time went."""
+    out = {}
+    for mode, rows in legs.items():
+        def q(values):
+            v = sorted(values)
+            return [percentile(v, p) for p in (50, 90, 99)]
+        f = {"runs": len(rows), "wire_rtt_ms": q(r["out"] + r["back"] for r in rows),
+             "legs_p50_ms": {k: percentile(sorted(r[k] for r in rows), 50) for k in LEGS
+                             if rows[0][k] is not None}}
+        if mode == "confirm":
+            f["at_rtt_ms"] = q(r["latency"] - r["out"] - r["back"] + rtt_ms for r in rows)
+            ref = q(r["latency"] for r in legs["written"])[1] if legs.get("written") else None
+            bound = slow_bound_ms(rtt_ms, ref)
+            if bound is not None:
+                slow = [r for r in rows if r["latency"] > bound]
+                f["slow"] = len(slow)
+                f["slow_beyond_ms"] = {k: sum(max(0.0, r[k] - f["legs_p50_ms"][k]) for r in slow)
+                                       for k in f["legs_p50_ms"]}
+        out[mode] = f
+    return out
 
 
 class Capture:
@@ -519,6 +668,7 @@ class Dispatcher:
         self.ns, self.port, self.timeout = ns, port, timeout
         self.jobs = queue.Queue()
         self.results = {}  # run id -> (answer or None, latency s, error or None)
+        self.started = {}  # run id -> time.monotonic() when it was sent
         self.lock = threading.Lock()
         self.threads = [threading.Thread(target=self._work, daemon=True) for _ in range(workers)]
         for t in self.threads:
@@ -533,6 +683,7 @@ class Dispatcher:
                 break
             run_id, raw, port = job
             t0 = time.monotonic()
+            self.started[run_id] = t0
             answer, err = None, None
             try:
                 if port not in conns:
@@ -786,7 +937,7 @@ def run_cells(net, modes, server_args=(), *, rtt_ms=0.0, jitter_ms=0.0, loss=0.0
               keys=4, per_key=10, node_keys=(), dispatches=150, rate=25.0,
               work_ms=(500, 1500), seed=1, tag="cell", payload_bytes=0, loopback=False,
               binary=None, connect_each_poll=False, process_each=False, own_pools=False,
-              capture=None, apart=False, exact_rtt=False):
+              capture=None, apart=False, exact_rtt=False, lateness=False):
     """Runs one cell per mode of <modes>, all at once: shapes the wire,
     starts a pilotlight per mode in S with --delivery <mode>, a fleet per
     pilotlight in C, and <dispatches> runs with unique ids for each at
@@ -811,7 +962,12 @@ def run_cells(net, modes, server_args=(), *, rtt_ms=0.0, jitter_ms=0.0, loss=0.0
     own, as each run controller does in its container (else one process,
     and one pool, serves a pilotlight's fleet). <own_pools>: one process,
     but a pool per controller (node_controllers). <capture>: a file to list
-    every TCP segment the controllers' TUN device carries in (Capture).
+    every TCP segment the controllers' TUN device carries in (Capture);
+    beside it, capture_files()' "server" lists the server's TUN device's,
+    and its "runs" the cell's RTT and its dispatches (JSON: {"rtt_ms",
+    "runs": run id -> mode, the server's port, when sent in CLOCK_REALTIME
+    seconds as the captures stamp, latency in seconds, answer}), so that a
+    run's time can be split where it went (run_legs()).
 
     <apart>: the controllers' side as if on machines of its own, as in a
     cluster: the controllers run under SCHED_IDLE and the wire under
@@ -828,7 +984,13 @@ def run_cells(net, modes, server_args=(), *, rtt_ms=0.0, jitter_ms=0.0, loss=0.0
     <exact_rtt>: the path's RTT is <rtt_ms> as the kernel measures it over
     a handshake, not <rtt_ms> and what the wire's own wake-ups add to it
     (ImpairedNet.fit_rtt). Figures carry the RTT asked of the wire
-    ("wire_rtt_ms"; <rtt_ms> without exact_rtt)."""
+    ("wire_rtt_ms"; <rtt_ms> without exact_rtt).
+
+    <lateness>: pl-lateness runs while the runs are dispatched (Lateness),
+    and each mode's figures say, under "machine", how many of its wake-ups
+    were a millisecond or more late, and how many of the mode's runs, and
+    of those answered later than slow_bound_ms(), were in flight during
+    one ("runs_met_late", "slow", "slow_met_late")."""
     if str(REPO_ROOT / "tests") not in sys.path:  # run from loadtest/
         sys.path.insert(0, str(REPO_ROOT / "tests"))
     from conftest import EXAMPLE, Metrics, Server  # the suite's helpers
@@ -843,6 +1005,7 @@ def run_cells(net, modes, server_args=(), *, rtt_ms=0.0, jitter_ms=0.0, loss=0.0
     servers, procs, disp, cap = {}, {m: [] for m in modes}, None, None
     ns, host = (net.srv, "127.0.0.1") if loopback else (net.ctl, SRV_IP)
     jobs, group, measured_rtt, m = {}, {}, {}, {}
+    probe = machine = None
     try:
         net.wire.cmd("count port off")
         for mode in modes:
@@ -850,7 +1013,9 @@ def run_cells(net, modes, server_args=(), *, rtt_ms=0.0, jitter_ms=0.0, loss=0.0
                                      binary=binary)
             if together:
                 net.wire.cmd(f"count port {servers[mode].port}")
-        cap = Capture(net.ctl, net.ctl_dev, capture) if capture and not loopback else None
+        cap = [Capture(net.ctl, net.ctl_dev, capture),
+               Capture(net.srv, net.srv_dev, capture_files(capture)["server"])] \
+            if capture and not loopback else None
         for mode, srv in servers.items():
             measured_rtt[mode] = net.connect_rtt_ms(srv.port, loopback=loopback)
         if together:
@@ -897,8 +1062,12 @@ def run_cells(net, modes, server_args=(), *, rtt_ms=0.0, jitter_ms=0.0, loss=0.0
                 jobs[mode].append((run_id, msg, srv.port))
                 group[run_id] = "node" if k in node_keys else "raw"
         disp = Dispatcher(net.srv, servers[modes[0]].port)
+        lb = lateness_binary(net.wire_bin) if lateness else None
+        probe = Lateness(lb) if lb else None
         answers = disp.run([job for turn in zip(*jobs.values()) for job in turn],
                            rate * len(modes))
+        machine = probe.stop() if probe is not None else None
+        probe = None
 
         def receipts(mode):
             return [(e["ctl"], e["run"]) for p in procs[mode] for e in list(p.events)
@@ -914,14 +1083,24 @@ def run_cells(net, modes, server_args=(), *, rtt_ms=0.0, jitter_ms=0.0, loss=0.0
         for mode, srv in servers.items():
             m[mode] = srv.metrics(Metrics)
     finally:
+        if probe is not None:
+            probe.stop()
         if disp is not None:
             disp.close()
         for p in (p for ps in procs.values() for p in ps):
             p.stop()
         for srv in servers.values():
             srv.stop()
-        if cap is not None:
-            cap.stop()
+        for c in cap or ():
+            c.stop()
+    if cap is not None:
+        off = time.time() - time.monotonic()
+        runs = {r: {"mode": mode, "port": port, "sent": disp.started[r] + off,
+                    "latency": answers[r][1], "answer": answers[r][0]}
+                for mode in modes for r, _, port in jobs[mode]
+                if r in disp.started and r in answers}
+        with open(capture_files(capture)["runs"], "w") as fh:
+            json.dump({"rtt_ms": rtt_ms, "runs": runs}, fh)
     wire = net.wire.stats()
     out = {}
     for mode in modes:
@@ -957,6 +1136,19 @@ def run_cells(net, modes, server_args=(), *, rtt_ms=0.0, jitter_ms=0.0, loss=0.0
                     f["events"][e["ev"]] = f["events"].get(e["ev"], 0) + 1
         f["wall_s"] = time.monotonic() - wall
         out[mode] = f
+    if machine is not None:
+        # Which runs were answered slowly, and whether the machine was slow
+        # meanwhile: "slow" is beyond the bound `confirm` is held to.
+        bound = slow_bound_ms(rtt_ms, out["written"]["p90_ms"] if "written" in out else None)
+        for mode in modes:
+            spans = [(disp.started[r], disp.started[r] + a[1]) for r, _, _ in jobs[mode]
+                     if (a := answers.get(r)) and a[0] is not None and r in disp.started]
+            slow = [w for w in spans if bound is not None and (w[1] - w[0]) * 1000 > bound]
+            out[mode]["machine"] = {
+                "wakeups": machine["wakeups"], "late": machine["late"],
+                "worst_ms": machine["worst_ms"], "slow_bound_ms": bound,
+                "runs_met_late": met_stalls(spans, machine["stalls"]),
+                "slow": len(slow), "slow_met_late": met_stalls(slow, machine["stalls"])}
     return out
 
 

@@ -292,6 +292,14 @@ def test_bench_report_writes_the_whole_page(start_server, tmp_path):
                          "late_reports": 9 if (mtu, mode) == ("9001", "confirm") else 0,
                          "dispatch": {"hit": 60}, "confirm": {"acked": 60} if mode == "confirm"
                          else {}})
+            if (mtu, rtt, mode) == ("9001", "1", "confirm"):  # captured: its legs
+                recs[-1].update({
+                    "crossings_ms": {"p50": 1.2, "p90": 1.6, "p99": 3.5},
+                    "at_rtt_ms": {"p50": 1.6, "p90": 2.2, "p99": 4.1}, "legs_slow": 12,
+                    "slow_beyond_ms": {"to_wire": 2.0, "out": 20.0, "ack": 30.5, "back": 6.0,
+                                       "answer": 14.0},
+                    "slow": 12, "slow_met_late": 7, "runs_met_late": 20,
+                    "machine_late": 300, "machine_worst_ms": 17.1})
     results = tmp_path / "results.jsonl"
     results.write_text("".join(json.dumps(r) + "\n" for r in recs))
     meta = tmp_path / "meta.json"
@@ -348,9 +356,16 @@ def test_bench_report_writes_the_whole_page(start_server, tmp_path):
     assert target(real + "p99 ≤ `written` p99 + 5 ms, MTU 1,500, RTT 0.2 ms") == (
         "4.0 ms vs 1.2 + 5 = 6.2 ms", "met")
     assert target(real + "p90 ≤ `written` p90 + 2 ms, MTU 9,001, RTT 1 ms") == (
-        "44.0 ms vs 0.6 + 2 = 2.6 ms", "**missed**")
+        "44.0 ms vs 0.6 + 2 = 2.6 ms (the wire's crossings taken as the RTT: 2.2 ms)",
+        "**missed**")
     assert target(real + "p99 ≤ `written` p99 + 5 ms, MTU 9,001, RTT 1 ms") == (
-        "60.1 ms vs 6.3 + 5 = 11.3 ms", "**missed**")
+        "60.1 ms vs 6.3 + 5 = 11.3 ms (the wire's crossings taken as the RTT: 4.1 ms)",
+        "**missed**")
+    # where the captured cell's time went: its row only
+    assert ("| 9,001 | 1 (1.12) | 1.2 / 1.6 / 3.5 | 1.8 / 44.0 / 60.1 | 1.6 / 2.2 / 4.1 | 12 "
+            "| 2 / 20 / 30 / 6 / 14 | 7 of 12 / 20 of 60 | 300 (17) |") in lines
+    assert not [ln for ln in lines if ln.startswith("| 1,500 | 0.2 (0.31) | ") and
+                ln.count("|") == 11]
     assert target(real + "p90 ≤ the measured RTT + 5 ms, MTU 1,500, RTT 20 ms") == (
         "21.9 ms vs 20.8 + 5 = 25.8 ms", "met")
     assert not [ln for ln in lines if ln.startswith("| " + real) and "lo" in ln.split("|")[1]]
@@ -369,6 +384,7 @@ def test_bench_report_writes_the_whole_page(start_server, tmp_path):
     (method,) = [ln for ln in lines if ln.startswith("- **ack**:")]
     assert "40 of them in one node process over 4 keys" in method
     assert "MTU 1,500 and 9,001 × RTT 0.2, 1 and 20 ms" in method and "60 runs" in method
+    assert "`pl-lateness`" in method and "both TUN devices" in method
     assert lines.index("# ack") + 1 == lines.index(ack_cmd)
     assert len(lines) <= 300
     assert not PROCESS_WORDS.search(page), PROCESS_WORDS.search(page)
