@@ -540,7 +540,7 @@ def ack_legs_table(g, out):
         "`confirm` p50 / p90 / p99 ms", "`confirm`, crossings at the RTT, p50 / p90 / p99 ms",
         "`confirm` runs beyond the bound", "their time beyond the medians: to the "
         "wire / out / ACK / back / answer, ms", "of them / of all runs, in flight during a "
-        "late wake-up", "late wake-ups (worst ms)"]))
+        "late wake-up", "late wake-ups; the latest, ms"]))
     for b, fleet, mtu, rtt, modes in cells:
         c = modes["confirm"]
         line = ([b] if several else []) + ([ack_fleet(fleet)] if fleets else []) + [
@@ -553,7 +553,7 @@ def ack_legs_table(g, out):
                        for k in ("to_wire", "out", "ack", "back", "answer")),
             f"{c.total('slow_met_late'):,.0f} of {c.total('slow'):,.0f} / "
             f"{c.total('runs_met_late'):,.0f} of {c.total('dispatches'):,.0f}",
-            f"{cell(c, 'machine_late', 0)} ({cell(c, 'machine_worst_ms', 0)})"]
+            f"{cell(c, 'machine_late', 0)}; {cell(c, 'machine_worst_ms', 0)}"]
         out.append(row(line))
     out.append("")
 
@@ -832,9 +832,9 @@ def results(g, meta, out):
                        "that RTT. The runs slower than the bound (at RTT 1 ms or less, "
                        "`written`'s p90 + 2 ms; farther, the RTT + 5 ms), each leg's time "
                        "beyond its median summed over them, and how many of them (and of all "
-                       "runs) were in flight while `pl-lateness` (a SCHED_FIFO thread on each CPU waking "
-                       "every millisecond) woke a millisecond or more late; late wake-ups: "
-                       "how many in the cell, and the latest.\n")
+                       "runs) were in flight while `pl-lateness` (a SCHED_FIFO thread on each "
+                       "CPU waking every millisecond) woke a millisecond or more late; late "
+                       "wake-ups: how many in the cell, and the latest.\n")
             ack_legs_table(g, out)
     for title, keys in (("Parked polls", ["idle"]), ("Churn", ["churn"]),
                         ("Scale", ["scale99", "scale50"])):
