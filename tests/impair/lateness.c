@@ -18,17 +18,20 @@
  * Its own cost is one short wake-up a period per CPU; a line is written
  * only for a late one. */
 #include <errno.h>
-#include <pthread.h>
 #include <inttypes.h>
+#include <pthread.h>
+#include <sched.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <sched.h>
 #include <sys/prctl.h>
 #include <time.h>
 
-static volatile sig_atomic_t stop;
+/* Set by the signal handler, read by every probe: lock-free, so both may
+ * touch it. */
+static atomic_int stop;
 static int64_t period, threshold;
 static pthread_mutex_t out_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -42,7 +45,7 @@ typedef struct {
 static void on_signal(int sig)
 {
     (void)sig;
-    stop = 1;
+    atomic_store(&stop, 1);
 }
 
 static int64_t ns_of(const struct timespec *t)
@@ -86,7 +89,7 @@ static void *run(void *arg)
         fprintf(stderr, "pl-lateness: SCHED_FIFO refused, measuring as an ordinary process\n");
     clock_gettime(CLOCK_MONOTONIC, &now);
     due = ns_of(&now) + period;
-    while (!stop) {
+    while (!atomic_load(&stop)) {
         struct timespec t = ts_of(due);
         int64_t lateness;
 
@@ -118,11 +121,10 @@ int main(int argc, char **argv)
     probe probes[CPU_SETSIZE];
     int n = 0;
     cpu_set_t cpus;
-    sigset_t all, old;
+    sigset_t all, waiting;
 
     period = arg_us(argc > 1 ? argv[1] : NULL, 1000) * 1000;
     threshold = arg_us(argc > 2 ? argv[2] : NULL, 1000) * 1000;
-    /* Not SA_RESTART: a signal ends the sleep it falls in. */
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
     prctl(PR_SET_PDEATHSIG, SIGTERM);
@@ -131,10 +133,13 @@ int main(int argc, char **argv)
         perror("pl-lateness: sched_getaffinity");
         return 1;
     }
-    /* The probes take no signal: the main thread does, and wakes them by
-     * the flag within a period. */
+    /* The probes take no signal: the main thread does, in sigsuspend()
+     * alone (a signal between a look at the flag and a pause() would be
+     * lost), and the probes see the flag within a period. */
     sigfillset(&all);
-    pthread_sigmask(SIG_BLOCK, &all, &old);
+    pthread_sigmask(SIG_BLOCK, &all, &waiting);
+    sigdelset(&waiting, SIGTERM);
+    sigdelset(&waiting, SIGINT);
     for (int cpu = 0; cpu < CPU_SETSIZE; cpu++) {
         if (!CPU_ISSET(cpu, &cpus))
             continue;
@@ -145,9 +150,8 @@ int main(int argc, char **argv)
         }
         n++;
     }
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    while (!stop)
-        pause();
+    while (!atomic_load(&stop))
+        sigsuspend(&waiting);
     for (int i = 0; i < n; i++) {
         pthread_join(probes[i].thread, NULL);
         wakeups += probes[i].wakeups;
