@@ -497,6 +497,16 @@ def ack_methods(runs):
     return ", ".join(f"{m} {n:,.0f}" for m, n in got if n) or "none"
 
 
+def ack_lead(cells):
+    """The columns that tell <cells> apart before MTU and RTT: the server
+    where several ran, the fleet where several did. Returns (headers, a
+    function of a cell's server and fleet giving its values)."""
+    several = len({c[0] for c in cells}) > 1
+    fleets = len({c[1] for c in cells}) > 1
+    return ((["server"] if several else []) + (["fleet"] if fleets else []),
+            lambda b, fleet: ([b] if several else []) + ([ack_fleet(fleet)] if fleets else []))
+
+
 def ack_table(g, out):
     cells = ack_cells(g)
     why = skipped(g, "ack")
@@ -504,9 +514,8 @@ def ack_table(g, out):
         out.append(f"Not run on this machine: {why}.\n")
     if not cells:
         return
-    several = len({c[0] for c in cells}) > 1
-    fleets = len({c[1] for c in cells}) > 1
-    out.extend(head((["server"] if several else []) + (["fleet"] if fleets else []) + [
+    heads, lead = ack_lead(cells)
+    out.extend(head(heads + [
         "MTU", "RTT ms (measured)", "`confirm` p50 / p90 / p99 / max ms",
         "`written` p50 / p90 / p99 / max ms", "bytes per dispatch (`confirm`)",
         "data segments per dispatch (`confirm`)", "late ACK reports (`confirm`)",
@@ -514,7 +523,7 @@ def ack_table(g, out):
     for b, fleet, mtu, rtt, modes in cells:
         c, w = modes.get("confirm"), modes.get("written")
         any_runs = c or w
-        line = ([b] if several else []) + ([ack_fleet(fleet)] if fleets else []) + [
+        line = lead(b, fleet) + [
             "65,536" if rtt == "lo" else f"{mtu:,}", ack_rtt(rtt, any_runs),
             ack_latency(c), ack_latency(w),
             cell(c, "bytes_per_run", 0) if c else "–",
@@ -526,16 +535,20 @@ def ack_table(g, out):
     out.append("")
 
 
+def ack_legs_cells(g):
+    """ack_cells() whose `confirm` runs were captured on both TUN devices
+    (ack-latency's legs)."""
+    return [c for c in ack_cells(g) if c[4].get("confirm") and
+            c[4]["confirm"].values("at_rtt_ms.p90")]
+
+
 def ack_legs_table(g, out):
-    """Where `confirm`'s time went, per wire cell whose runs were captured on
-    both TUN devices (ack-latency's legs)."""
-    cells = [c for c in ack_cells(g) if c[4].get("confirm") and
-             c[4]["confirm"].values("at_rtt_ms.p90")]
+    """Where `confirm`'s time went, per wire cell with legs."""
+    cells = ack_legs_cells(g)
     if not cells:
         return
-    several = len({c[0] for c in cells}) > 1
-    fleets = len({c[1] for c in cells}) > 1
-    out.extend(head((["server"] if several else []) + (["fleet"] if fleets else []) + [
+    heads, lead = ack_lead(cells)
+    out.extend(head(heads + [
         "MTU", "RTT ms (measured)", "crossings p50 / p90 / p99 ms",
         "`confirm` p50 / p90 / p99 ms", "`confirm`, crossings at the RTT, p50 / p90 / p99 ms",
         "`confirm` runs beyond the bound", "their time beyond the medians: to the "
@@ -543,7 +556,7 @@ def ack_legs_table(g, out):
         "late wake-up", "late wake-ups; the latest, ms"]))
     for b, fleet, mtu, rtt, modes in cells:
         c = modes["confirm"]
-        line = ([b] if several else []) + ([ack_fleet(fleet)] if fleets else []) + [
+        line = lead(b, fleet) + [
             f"{mtu:,}", ack_rtt(rtt, c),
             " / ".join(cell(c, f"crossings_ms.{p}", 1) for p in ("p50", "p90", "p99")),
             " / ".join(cell(c, f"{p}_ms", 1) for p in ("p50", "p90", "p99")),
@@ -571,14 +584,12 @@ def ack_targets(g):
     `written`'s (near) or against the round trip (far); and the promise
     over every cell of both modes."""
     rows, cells = [], ack_cells(g)
-    several = len({c[0] for c in cells}) > 1
-    fleets = len({c[1] for c in cells}) > 1
+    _, lead = ack_lead(cells)
     for b, fleet, mtu, rtt, modes in cells:
         c, w = modes.get("confirm"), modes.get("written")
         if rtt == "lo" or c is None:
             continue
-        where = (f"{b}, " if several else "") + (f"{ack_fleet(fleet)}, " if fleets else "") + \
-            f"MTU {mtu:,}, RTT {rtt} ms"
+        where = "".join(f"{v}, " for v in lead(b, fleet)) + f"MTU {mtu:,}, RTT {rtt} ms"
         nominal = float(rtt)
         if nominal <= ACK_NEAR_MS:
             if w is None:
@@ -820,8 +831,7 @@ def results(g, meta, out):
                    "late). The last column counts what would break the delivery promise, both "
                    "modes.\n")
         ack_table(g, out)
-        if any(c[4].get("confirm") and c[4]["confirm"].values("at_rtt_ms.p90")
-               for c in ack_cells(g)):
+        if ack_legs_cells(g):
             out.append("Where `confirm`'s time went, from both TUN devices captured: a run's "
                        "time split into legs, to the wire (dispatcher and broker), out (the "
                        "wire's crossing), ACK (the controller's kernel), back (the ACK's "

@@ -317,12 +317,8 @@ def test_legs_split_each_run_where_its_time_went(net, tmp_path, request):
     cap = str(tmp_path / "cell.txt")
     fs = impair.run_cells(net, list(MODES), dispatches=n, rate=20, keys=KEYS, per_key=PER_KEY,
                           work_ms=WORK_MS, tag="legs", rtt_ms=rtt, capture=cap, lateness=True)
-    files = impair.capture_files(cap)
-    with open(files["runs"]) as fh:
-        cell = json.load(fh)
-    assert cell["rtt_ms"] == rtt
-    legs = impair.run_legs(cell["runs"], impair.capture_segments(files["controllers"]),
-                           impair.capture_segments(files["server"]), impair.SRV_IP)
+    legs, cell_rtt = impair.read_legs(cap)
+    assert cell_rtt == rtt
     figs = impair.legs_figures(legs, rtt)
     impair.show(request, f"legs at RTT {rtt:g} ms: {figs}")
     for mode in MODES:

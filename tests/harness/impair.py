@@ -478,6 +478,16 @@ def run_legs(runs, ctl, srv, server):
     return out
 
 
+def read_legs(path, server=SRV_IP):
+    """run_legs() of the run_cells capture at <path> (capture_files()):
+    (legs, the cell's RTT in ms)."""
+    files = capture_files(path)
+    with open(files["runs"]) as fh:
+        cell = json.load(fh)
+    return run_legs(cell["runs"], capture_segments(files["controllers"]),
+                    capture_segments(files["server"]), server), cell["rtt_ms"]
+
+
 def slow_bound_ms(rtt_ms, written_p90_ms):
     """When a `confirm` answer counts as slow, the bound it is held to: on a
     path of 1 ms or less, `written`'s p90 + 2 ms; farther, the RTT + 5 ms."""

@@ -7,11 +7,11 @@
  * One thread per CPU it may run on, each bound to its CPU, wakes every
  * PERIOD_US on an absolute CLOCK_MONOTONIC schedule, under SCHED_FIFO where
  * allowed (so what it sees is a CPU lost to the host or to interrupts, not
- * a queue of ordinary processes). A virtual machine's CPUs are stalled one
- * at a time: a thread on one CPU does not see the other stop. Each prints
- * a line "CPU DUE_NS LATE_NS" for each wake-up THRESHOLD_US or more past
- * its due time. The times are CLOCK_MONOTONIC, Python's time.monotonic()
- * on Linux. A wake-up later than a period skips the ticks it missed: one
+ * a queue of ordinary processes). A virtual machine's CPUs are stalled
+ * mostly one at a time: a thread on one CPU seldom sees the other stop.
+ * Each prints a line "CPU DUE_NS LATE_NS" for each wake-up THRESHOLD_US or
+ * more past its due time. The times are CLOCK_MONOTONIC, Python's
+ * time.monotonic() on Linux. A wake-up later than a period skips the ticks it missed: one
  * stall, one line. At SIGTERM, SIGINT or end of its parent it prints
  * "# wakeups N late M worst_ns W" over all CPUs and exits 0.
  *
